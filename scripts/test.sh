@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Install fedseg with its test and Flower extras, lint, check import contracts, run tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh test,flower
+.venv/bin/ruff check src tests benchmarks
+.venv/bin/lint-imports
+.venv/bin/python -m pytest -q -n 2 --dist loadfile "$@"

@@ -1,0 +1,135 @@
+"""The ``fedseg`` command line."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from fedseg.errors import FedsegError
+
+app = typer.Typer(
+    help="Federated and personalized-federated medical image segmentation.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err = Console(stderr=True)
+
+
+def _mount_subapps() -> None:
+    from fedseg.data.cli import app as data_app
+
+    app.add_typer(data_app, name="data", help="Create, import, check and preview federations.")
+
+
+def _logging(run_dir: Path | None, verbose: bool) -> None:
+    handlers: list[logging.Handler] = [RichHandler(console=err, show_path=False, show_time=False)]
+    if run_dir is not None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        fh = logging.FileHandler(run_dir / "run.log")
+        fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handlers.append(fh)
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO, handlers=handlers, force=True
+    )
+
+
+def _fail(e: FedsegError) -> None:
+    err.print(f"[bold red]error:[/] {e.reason}", highlight=False)
+    raise typer.Exit(2)
+
+
+@app.command()
+def run(
+    config: Annotated[Path | None, typer.Argument(help="YAML run configuration.")] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Override: key.sub=value.")
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Run directory (default runs/<name>-<time>).")
+    ] = None,
+    resume: Annotated[Path | None, typer.Option(help="Continue the run in this directory.")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Train and evaluate one method; write a run directory with results."""
+    from fedseg.config import load_config
+    from fedseg.engine.runner import InProcessRunner
+
+    try:
+        if resume is not None:
+            cfg = load_config(resume / "config.yaml", set_ or [])
+            run_dir = resume
+        elif config is not None:
+            cfg = load_config(config, set_ or [])
+            run_dir = out or Path("runs") / f"{cfg.name}-{datetime.now():%Y%m%d-%H%M%S}"
+        else:
+            raise typer.BadParameter("give a CONFIG or --resume RUN_DIR")
+        _logging(run_dir, verbose)
+        with Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=err,
+            transient=True,
+        ) as bar:
+            task = bar.add_task(f"{cfg.method_name} rounds", total=cfg.train.rounds)
+            runner = InProcessRunner(cfg, run_dir)
+            results = runner.run(
+                resume=resume is not None,
+                on_round=lambda rec: bar.update(task, completed=rec["round"] + 1),
+            )
+    except FedsegError as e:
+        _fail(e)
+    console.print(runner.dir.results_md.read_text(), markup=False)
+    console.print(f"run directory: {run_dir}  (params {results['params']})")
+
+
+@app.command()
+def methods(pattern: Annotated[str, typer.Argument(help="Shell-style filter.")] = "*") -> None:
+    """List the registered methods."""
+    from fedseg.methods import get_method, list_methods
+
+    table = Table("name", "personalized", "summary")
+    for name in list_methods(pattern):
+        cls = get_method(name)
+        table.add_row(
+            name,
+            "yes" if cls.personalized else "",
+            cls.summary or (cls.__doc__ or "").split("\n")[0],
+        )
+    console.print(table)
+
+
+@app.command()
+def report(
+    run_dirs: Annotated[list[Path], typer.Argument(help="Finished run directories.")],
+    out: Annotated[Path | None, typer.Option(help="Write the Markdown table here.")] = None,
+) -> None:
+    """One comparison table across runs: methods as rows, sites and average as columns."""
+    from fedseg.reporting.compare import comparison_table, load_results
+
+    try:
+        text = comparison_table([load_results(d) for d in run_dirs])
+    except FedsegError as e:
+        _fail(e)
+    if out:
+        out.write_text(text)
+        console.print(f"wrote {out}")
+    else:
+        console.print(text, markup=False)
+
+
+_mount_subapps()
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(app())

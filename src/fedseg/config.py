@@ -1,0 +1,155 @@
+"""Run configuration: YAML files validated with pydantic, errors that name the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from fedseg.errors import ConfigError, RegistryError
+from fedseg.methods import MethodConfig, TrainSettings, get_method
+
+__all__ = [
+    "DataSettings",
+    "EngineSettings",
+    "EvalSettings",
+    "RunConfig",
+    "SynthSettings",
+    "apply_overrides",
+    "load_config",
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SynthSettings(_Strict):
+    """Synthesize the federation into ``data.root`` when it does not exist yet."""
+
+    task: str
+    sites: int | None = None
+    size: int = 64
+    per_site: int | None = None
+    weak_labels: bool = True
+    """Also generate weak labels (with the task's default per-site annotation types)."""
+
+
+class DataSettings(_Strict):
+    root: Path
+    """Federation folder (see docs/data.md)."""
+    labels: Literal["weak", "full"] = "full"
+    """Train on the sites' weak labels or on full masks."""
+    sites: list[str] | None = None
+    """Subset of sites to use (default: all)."""
+    synth: SynthSettings | None = None
+
+
+class EvalSettings(_Strict):
+    every: int = 0
+    """Also evaluate on the validation split every N rounds (0: only at the end)."""
+    batch_size: int = 16
+    split: Literal["test", "val"] = "test"
+
+
+class EngineSettings(_Strict):
+    name: Literal["inprocess"] = "inprocess"
+    device: str = "auto"
+    """``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``."""
+    checkpoint_every: int = 1
+    """Write the resumable checkpoint every N rounds (the last round always)."""
+
+
+class RunConfig(_Strict):
+    """A whole run: data, method, training, evaluation and engine settings."""
+
+    name: str = "run"
+    seed: int = 0
+    data: DataSettings
+    method: dict[str, Any] = Field(default_factory=lambda: {"name": "fedavg"})
+    train: TrainSettings = TrainSettings()
+    eval: EvalSettings = EvalSettings()
+    engine: EngineSettings = EngineSettings()
+
+    @field_validator("method")
+    @classmethod
+    def _known_method(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if "name" not in v:
+            raise ValueError("needs a 'name' (see `fedseg methods`)")
+        method_config(v)
+        return v
+
+    @property
+    def method_name(self) -> str:
+        return str(self.method["name"])
+
+
+def method_config(block: dict[str, Any]) -> MethodConfig:
+    """Validate a ``method:`` block against the named method's own settings."""
+    try:
+        cls = get_method(str(block["name"]))
+    except RegistryError as e:
+        raise ValueError(e.reason) from None
+    return cls.Config(**{k: v for k, v in block.items() if k != "name"})
+
+
+def _format(err: ValidationError, source: str) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "<root>"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        got = e.get("input")
+        shown = "" if isinstance(got, dict) or e["type"] == "missing" else f" (got {got!r})"
+        lines.append(f"{source}: {loc}: {msg}{shown}")
+    return "\n".join(lines)
+
+
+def parse_config(raw: dict[str, Any], source: str = "<config>") -> RunConfig:
+    """Validate a raw mapping; raise :class:`ConfigError` naming every bad field."""
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            f"{source}: expected a mapping at the top level, got {type(raw).__name__}"
+        )
+    try:
+        return RunConfig(**raw)
+    except ValidationError as e:
+        raise ConfigError(_format(e, source)) from None
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``key.sub=value`` overrides (values parsed as YAML) to a raw config mapping."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected key=value, e.g. train.rounds=5")
+        key, value = item.split("=", 1)
+        node = raw
+        *parents, leaf = key.strip().split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {item!r}: {p} is not a mapping")
+        node[leaf] = yaml.safe_load(value)
+    return raw
+
+
+def load_config(path: Path, overrides: list[str] | None = None) -> RunConfig:
+    """Read, override and validate a YAML run configuration.
+
+    Relative ``data.root`` paths are taken relative to the current directory.
+    """
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    return parse_config(apply_overrides(raw, overrides or []), str(path))
+
+
+def dump_config(cfg: RunConfig) -> str:
+    """The resolved configuration as YAML (what ``config.yaml`` in a run directory holds)."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,41 @@
+"""Make sure a run's federation folder exists and is valid before training starts."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from fedseg.config import RunConfig
+from fedseg.data import require_valid
+from fedseg.errors import ConfigError
+
+__all__ = ["prepare_data"]
+
+log = logging.getLogger(__name__)
+
+
+def prepare_data(cfg: RunConfig) -> Path:
+    """Return ``data.root``, synthesizing it first when missing and ``data.synth`` is set.
+
+    Raises ConfigError when the folder is missing and nothing can create it, and DataError
+    (listing every problem) when ``fedseg data check`` would fail.
+    """
+    root = cfg.data.root
+    if not (root / "manifest.json").exists():
+        syn = cfg.data.synth
+        if syn is None:
+            raise ConfigError(
+                f"data.root {root} holds no manifest.json; create it with `fedseg data synth` "
+                "or an importer, or set data.synth in the config"
+            )
+        from fedseg.data.synth import synthesize
+        from fedseg.data.weak import generate_weak_labels
+
+        log.info("synthesizing %s federation into %s", syn.task, root)
+        synthesize(
+            syn.task, root, sites=syn.sites, size=syn.size, per_site=syn.per_site, seed=cfg.seed
+        )
+        if syn.weak_labels:
+            generate_weak_labels(root, seed=cfg.seed)
+    require_valid(root, cfg.train.batch_size, labels=cfg.data.labels)
+    return root

@@ -1,0 +1,56 @@
+"""Evaluate a model on one site's split: per-region metrics averaged over cases."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from fedseg.metrics import MetricAccumulator
+
+__all__ = ["SiteEvaluation", "evaluate", "predict"]
+
+
+@torch.no_grad()
+def predict(
+    model: nn.Module, images: torch.Tensor, batch_size: int, device: torch.device
+) -> torch.Tensor:
+    """Arg-max label maps of ``images`` [N,C,*S] computed in batches (eval mode)."""
+    model.eval()
+    preds = [
+        model(images[i : i + batch_size].to(device)).argmax(1).cpu()
+        for i in range(0, len(images), batch_size)
+    ]
+    return torch.cat(preds) if preds else torch.zeros((0, *images.shape[2:]), dtype=torch.long)
+
+
+@dataclass
+class SiteEvaluation:
+    """Mean metrics ``{metric: {region: value}}`` over ``cases`` test cases."""
+
+    metrics: dict[str, dict[str, float]]
+    cases: int
+    per_case: list[dict[str, object]]
+
+
+def evaluate(
+    model: nn.Module,
+    images: torch.Tensor,
+    masks: torch.Tensor,
+    regions: Mapping[str, Sequence[int]],
+    *,
+    batch_size: int,
+    device: torch.device,
+    spacing: Sequence[Sequence[float]] | None = None,
+    ids: Sequence[str] | None = None,
+) -> SiteEvaluation:
+    """Predict every case and score it against its full mask."""
+    acc = MetricAccumulator(regions)
+    for i in range(0, len(images), batch_size):
+        pred = predict(model, images[i : i + batch_size], batch_size, device)
+        sp = list(spacing[i : i + batch_size]) if spacing is not None else None
+        case_ids = list(ids[i : i + batch_size]) if ids is not None else None
+        acc.add(pred, masks[i : i + batch_size], spacing=sp, ids=case_ids)
+    return SiteEvaluation(acc.aggregate(), len(images), list(acc.per_case))

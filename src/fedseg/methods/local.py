@@ -1,0 +1,49 @@
+"""Local-only training (LT) and centralized training on pooled data (CT)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from fedseg.methods.base import (
+    ClientContext,
+    ClientResult,
+    Method,
+    Payload,
+    ServerContext,
+    ServerResult,
+    State,
+)
+from fedseg.methods.partition import Partition
+from fedseg.methods.registry import register_method
+from fedseg.methods.training import train_steps
+
+__all__ = ["Centralized", "LocalOnly"]
+
+
+@register_method("local")
+class LocalOnly(Method):
+    """LT: each site trains its own model on its own data; nothing is exchanged."""
+
+    partition = Partition(shared=(), private=("*",))
+    personalized = True
+    summary = "LT: local training only, every weight private, nothing sent"
+
+    def client_step(self, payload: Payload, state: State, ctx: ClientContext) -> ClientResult:
+        self.load(ctx.model, payload, state)
+        metrics = train_steps(ctx.model, ctx)
+        _, private = self.split(ctx.model)
+        return ClientResult(Payload(num_examples=ctx.site.num_train), private, metrics)
+
+    def server_step(
+        self, uploads: Mapping[str, Payload], state: State, ctx: ServerContext
+    ) -> ServerResult:
+        return ServerResult({s.name: Payload() for s in ctx.spec.sites}, state)
+
+
+@register_method("centralized")
+class Centralized(LocalOnly):
+    """CT: one model trained on the union of all sites' training data (an upper bound)."""
+
+    personalized = False
+    pooled = True
+    summary = "CT: centralized training on pooled data, evaluated on every site's test split"

@@ -1,0 +1,40 @@
+"""Dimension-generic layer factories: one code path for 2D and 3D networks."""
+
+from __future__ import annotations
+
+from torch import nn
+
+__all__ = ["batch_norm", "conv", "dropout", "max_pool", "upsample_mode"]
+
+
+def _check(ndim: int) -> int:
+    if ndim not in (2, 3):
+        raise ValueError(f"ndim must be 2 or 3, got {ndim}")
+    return ndim
+
+
+def conv(ndim: int, in_ch: int, out_ch: int, kernel_size: int = 3, **kw: object) -> nn.Module:
+    """``Conv2d``/``Conv3d`` with 'same' padding for odd kernels."""
+    cls = nn.Conv2d if _check(ndim) == 2 else nn.Conv3d
+    return cls(in_ch, out_ch, kernel_size, padding=kernel_size // 2, **kw)  # type: ignore[arg-type]
+
+
+def batch_norm(ndim: int, channels: int) -> nn.Module:
+    """``BatchNorm2d``/``BatchNorm3d``."""
+    return (nn.BatchNorm2d if _check(ndim) == 2 else nn.BatchNorm3d)(channels)
+
+
+def dropout(ndim: int, p: float) -> nn.Module:
+    """Plain element-wise dropout (the PyMIC UNet uses ``nn.Dropout``)."""
+    _check(ndim)
+    return nn.Dropout(p)
+
+
+def max_pool(ndim: int) -> nn.Module:
+    """Factor-2 max pooling."""
+    return (nn.MaxPool2d if _check(ndim) == 2 else nn.MaxPool3d)(2)
+
+
+def upsample_mode(ndim: int) -> str:
+    """Interpolation mode for factor-2 feature upsampling."""
+    return "bilinear" if _check(ndim) == 2 else "trilinear"

@@ -1,0 +1,49 @@
+from pathlib import Path
+
+import pytest
+
+from fedseg.config import load_config, parse_config
+from fedseg.errors import ConfigError
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "run.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_valid_config_and_overrides(tmp_path):
+    p = _write(tmp_path, "data: {root: d}\nmethod: {name: fedavg}\ntrain: {rounds: 3}\n")
+    cfg = load_config(p, ["train.rounds=5", "train.lr=0.01", "data.labels=weak"])
+    assert cfg.train.rounds == 5 and cfg.train.lr == 0.01 and cfg.data.labels == "weak"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("data: {root: d}\ntrain: {roundz: 3}\n", "run.yaml: train.roundz: unknown key"),
+        (
+            "data: {root: d}\ntrain: {rounds: many}\n",
+            "train.rounds: Input should be a valid integer",
+        ),
+        (
+            "data: {root: d}\nmethod: {name: fedavgg}\n",
+            "unknown method 'fedavgg'. Did you mean fedavg",
+        ),
+        ("method: {name: fedavg}\n", "data: Field required"),
+        ("data: {root: d, labels: scribble}\n", "data.labels"),
+        ("data: {root: d}\nmethod: {name: fedavg, mu: 1}\n", "mu"),
+    ],
+)
+def test_invalid_configs_name_the_field(tmp_path, text, message):
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        load_config(_write(tmp_path, text))
+
+
+def test_missing_file_and_bad_override(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="expected key=value"):
+        load_config(_write(tmp_path, "data: {root: d}\n"), ["train.rounds"])
+    with pytest.raises(ConfigError, match="top level"):
+        parse_config(["a"])  # type: ignore[arg-type]

@@ -1,0 +1,93 @@
+import pytest
+import torch
+
+from fedseg.engine.simulation import Simulation
+from fedseg.errors import UploadError
+from fedseg.methods import Payload, TrainSettings, get_method
+from fedseg.methods.base import validate_upload
+from fedseg.testing import toy_federation
+
+TRAIN = TrainSettings(rounds=2, local_iters=2, batch_size=4, augment=False)
+REGIONS = {"fg": [1]}
+
+
+def _sim(name: str, seed: int = 0, labels: str = "weak") -> Simulation:
+    spec, sites = toy_federation(3, labels=labels)
+    cls = get_method(name)
+    method = cls(cls.Config(), Simulation.method_spec(cls, spec, sites))
+    return Simulation(method, sites, TRAIN, seed=seed)
+
+
+def _train(sim: Simulation) -> list[dict]:
+    return [sim.round(r) for r in range(TRAIN.rounds)]
+
+
+def test_fedavg_global_model_is_sample_weighted_mean_of_uploads():
+    sim = _sim("fedavg")
+    captured = {}
+    original = sim.method.server_step
+
+    def spy(uploads, state, ctx):
+        captured.update(uploads)
+        return original(uploads, state, ctx)
+
+    sim.method.server_step = spy
+    sim.round(0)
+    n = {s: u.num_examples for s, u in captured.items()}
+    key = "decoder.head.weight"
+    expected = sum(captured[s].tensors[key] * n[s] for s in n) / sum(n.values())
+    for payload in sim.payloads.values():
+        torch.testing.assert_close(payload.tensors[key], expected)
+    assert n == {"site0": 8, "site1": 10, "site2": 12}
+
+
+def test_fedavg_learns_and_evaluates_every_site():
+    sim = _sim("fedavg")
+    records = _train(sim)
+    assert [r["participants"] for r in records] == [["site0", "site1", "site2"]] * 2
+    assert all(torch.isfinite(torch.tensor(m["loss"])) for m in records[-1]["clients"].values())
+    ev = sim.evaluate(REGIONS)
+    assert set(ev) == {"site0", "site1", "site2"}
+    assert all(v["cases"] == 4 and 0 <= v["metrics"]["dsc"]["fg"] <= 1 for v in ev.values())
+
+
+def test_same_seed_same_weights_other_seed_differs():
+    a, b, c = _sim("fedavg", 1), _sim("fedavg", 1), _sim("fedavg", 2)
+    for s in (a, b, c):
+        _train(s)
+    key = "encoder.blocks.0.0.weight"
+    torch.testing.assert_close(
+        a.payloads["site0"].tensors[key], b.payloads["site0"].tensors[key], rtol=0, atol=0
+    )
+    assert not torch.equal(a.payloads["site0"].tensors[key], c.payloads["site0"].tensors[key])
+
+
+def test_local_training_sends_nothing_and_keeps_models_apart():
+    sim = _sim("local")
+    _train(sim)
+    assert sim.params["upload"] == sim.params["download"] == 0
+    w = [sim.states[s]["weights"]["decoder.head.weight"] for s in ("site0", "site1")]
+    assert not torch.equal(w[0], w[1])
+    assert all(p.tensors == {} for p in sim.payloads.values())
+
+
+def test_centralized_trains_one_pooled_model_and_scores_each_site():
+    sim = _sim("centralized", labels="full")
+    assert list(sim.train_sites) == ["pooled"]
+    assert sim.train_sites["pooled"].spec.num_train == 8 + 10 + 12
+    _train(sim)
+    assert set(sim.evaluate(REGIONS)) == {"site0", "site1", "site2"}
+
+
+def test_engine_rejects_malformed_upload():
+    template = {"w": ((2,), torch.float32)}
+    validate_upload("a", Payload({"w": torch.zeros(2)}, num_examples=1), template)
+    bad = [
+        (Payload({"w": torch.zeros(3)}, num_examples=1), "should be"),
+        (Payload({"w": torch.tensor([0.0, float("nan")])}, num_examples=1), "non-finite"),
+        (Payload({"w": torch.zeros(2), "x": torch.zeros(1)}, num_examples=1), "unknown keys"),
+        (Payload({"w": torch.zeros(2)}, num_examples=0), "num_examples"),
+    ]
+    for payload, msg in bad:
+        with pytest.raises(UploadError, match=msg):
+            validate_upload("a", payload, template)
