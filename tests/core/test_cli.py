@@ -1,0 +1,66 @@
+import json
+
+from typer.testing import CliRunner
+
+from fedseg.cli import app
+
+runner = CliRunner()
+
+
+def _config(tmp_path, method="fedavg"):
+    p = tmp_path / f"{method}.yaml"
+    p.write_text(
+        f"name: {method}\ndata:\n  root: {tmp_path / 'data'}\n  labels: weak\n"
+        "  synth: {task: fundus, sites: 2, size: 32, per_site: 10}\n"
+        f"method: {{name: {method}}}\ntrain: {{rounds: 2, local_iters: 1, batch_size: 2}}\n"
+    )
+    return p
+
+
+def test_methods_lists_registered_methods():
+    out = runner.invoke(app, ["methods"])
+    assert out.exit_code == 0
+    assert "fedavg" in out.output and "centralized" in out.output
+
+
+def test_run_then_report(tmp_path):
+    for m in ("fedavg", "local"):
+        res = runner.invoke(app, ["run", str(_config(tmp_path, m)), "--out", str(tmp_path / m)])
+        assert res.exit_code == 0, res.output
+        assert "| **Average**" in res.output
+    res = runner.invoke(
+        app,
+        [
+            "run",
+            str(_config(tmp_path)),
+            "--set",
+            "train.rounds=1",
+            "--out",
+            str(tmp_path / "short"),
+        ],
+    )
+    assert res.exit_code == 0
+    assert (
+        json.loads((tmp_path / "short" / "results.json").read_text())["timing"][
+            "round_seconds"
+        ].__len__()
+        == 1
+    )
+    out = tmp_path / "cmp.md"
+    res = runner.invoke(
+        app, ["report", str(tmp_path / "fedavg"), str(tmp_path / "local"), "--out", str(out)]
+    )
+    assert res.exit_code == 0, res.output
+    text = out.read_text()
+    assert "## DSC" in text and "## HD95" in text
+    assert "fedavg (weak)" in text and "local (weak)" in text and "Average cup" in text
+
+
+def test_errors_exit_2_with_reason(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("data: {root: x}\nmethod: {name: fedavgg}\n")
+    res = runner.invoke(app, ["run", str(bad), "--out", str(tmp_path / "r")])
+    assert res.exit_code == 2
+    assert "unknown method 'fedavgg'" in res.output
+    res = runner.invoke(app, ["report", str(tmp_path / "none")])
+    assert res.exit_code == 2 and "no results.json" in res.output
