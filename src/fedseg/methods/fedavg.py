@@ -30,7 +30,8 @@ class FedAvg(WSSMethod):
     Decentralized Data", AISTATS 2017.
     """
 
-    Config = WSSConfig
+    class Config(WSSConfig):
+        """FedAvg settings: only the ``wss`` option."""
 
     summary = "FedAvg: global model, sample-weighted average of all weights and BN statistics"
 
