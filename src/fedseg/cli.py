@@ -117,9 +117,15 @@ def report(
 ) -> None:
     """One comparison table across runs: methods as rows, sites and average as columns."""
     from fedseg.reporting.compare import comparison_table, load_results
+    from fedseg.reporting.plots import affinity_table, render_run_plots
 
     try:
         text = comparison_table([load_results(d) for d in run_dirs])
+        for d in run_dirs:
+            figures = render_run_plots(d)
+            if any(f.name == "affinity.png" for f in figures):
+                text += f"\n### {d}\n\n{affinity_table(d)}"
+            text += "".join(f"\nFigure: {f}\n" for f in figures)
     except FedsegError as e:
         _fail(e)
     if out:

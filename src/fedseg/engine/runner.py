@@ -19,6 +19,7 @@ from fedseg.engine.sites import load_sites
 from fedseg.errors import ConfigError
 from fedseg.methods import get_method
 from fedseg.metrics import EMPTY_POLICY
+from fedseg.reporting.plots import render_run_plots
 from fedseg.reporting.results import build_results, site_table
 
 __all__ = ["InProcessRunner", "resolve_device"]
@@ -103,6 +104,8 @@ class InProcessRunner:
             empty_policy=EMPTY_POLICY,
         )
         self.dir.write_results(results, site_table(results))
+        for fig in render_run_plots(self.dir.path):
+            log.info("wrote %s", fig)
         return results
 
 

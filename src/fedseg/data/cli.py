@@ -1,0 +1,373 @@
+"""``fedseg data``: create, import, check and preview federation folders."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from fedseg.data.manifest import ANNOTATIONS, Manifest
+from fedseg.errors import DataError, FedsegError
+
+__all__ = ["app"]
+
+app = typer.Typer(
+    help="Create (synth), import, weakly annotate, check and preview federation folders.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err = Console(stderr=True)
+
+SiteAnnotations = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--annotation",
+        help=f"SITE=TYPE, repeatable; TYPE in {', '.join(ANNOTATIONS)}.",
+    ),
+]
+BoxTo = Annotated[
+    str | None, typer.Option("--box-to", help="Convert boxes to 'scribble' or 'block'.")
+]
+Seed = Annotated[int, typer.Option(help="Seed of every random choice.")]
+Overwrite = Annotated[bool, typer.Option(help="Replace an existing federation in OUT.")]
+ValFraction = Annotated[
+    float, typer.Option(help="Share of each site's training data drawn as val.")
+]
+TestFraction = Annotated[
+    float, typer.Option(help="Share drawn as test when a site has no train/ and test/ folders.")
+]
+Classes = Annotated[
+    str, typer.Option(help="Comma-separated class names, background first, e.g. bg,cup,rim.")
+]
+Task = Annotated[str, typer.Option(help="Task name written into the manifest.")]
+Modality = Annotated[str, typer.Option(help="Modality written into the manifest.")]
+
+
+@contextmanager
+def _handled() -> Iterator[None]:
+    """Print a FedsegError's reason and exit with status 2 (like the main ``fedseg`` app)."""
+    try:
+        yield
+    except FedsegError as e:
+        err.print(f"[bold red]error:[/] {e.reason}", highlight=False)
+        raise typer.Exit(2) from None
+
+
+@contextmanager
+def _progress(what: str) -> Iterator[Callable[[int, int], None]]:
+    with Progress(
+        TextColumn(f"[bold]{what}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    ) as bar:
+        task = bar.add_task(what, total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+def _summary(root: Path, m: Manifest) -> None:
+    table = Table(title=f"{root}: {m.task} ({m.modality}), classes {', '.join(m.class_names)}")
+    for column in ("site", "annotation", "sparsity", "train", "val", "test"):
+        table.add_column(column)
+    for s in m.sites:
+        table.add_row(
+            s.name, s.annotation, s.sparsity or "-", *(str(s.splits[k]) for k in s.splits)
+        )
+    console.print(table)
+    if m.source:
+        console.print(f"source: {m.source}", highlight=False)
+
+
+def _assignments(items: list[str] | None, what: str) -> dict[str, str]:
+    from fedseg.data.importers.common import parse_assignments
+
+    return parse_assignments(items or [], what)
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",")]
+    except ValueError:
+        raise DataError(f"{what} must be comma-separated integers, got {text!r}") from None
+
+
+def _sizes(text: str, n: int, what: str) -> tuple[int, ...]:
+    """``"64"`` or ``"64,48"`` -> ``n`` positive sizes (one value is repeated)."""
+    values = _ints(text, what)
+    values = values * n if len(values) == 1 else values
+    if len(values) != n or min(values) < 1:
+        raise DataError(f"{what} needs 1 or {n} positive sizes, got {text!r}")
+    return tuple(values)
+
+
+@app.command()
+def synth(
+    task: Annotated[
+        str, typer.Option(help="Registered task, e.g. fundus, polyp, prostate, faz, brain.")
+    ],
+    out: Annotated[Path, typer.Option(help="Output federation folder.")],
+    sites: Annotated[int | None, typer.Option(help="Number of sites (default: task's).")] = None,
+    size: Annotated[int, typer.Option(help="Image side in pixels.")] = 64,
+    per_site: Annotated[int, typer.Option(help="Mean images per site (sizes vary).")] = 40,
+    seed: Seed = 0,
+    split: Annotated[str, typer.Option(help="train,val,test fractions.")] = "0.7,0.1,0.2",
+    weak_labels: Annotated[
+        bool, typer.Option(help="Also generate the sites' default weak labels.")
+    ] = True,
+    overwrite: Overwrite = False,
+) -> None:
+    """Write a synthetic multi-site federation (procedural phantoms or template-derived)."""
+    from fedseg.data.synth import synthesize
+    from fedseg.data.weak import generate_weak_labels
+
+    with _handled():
+        try:
+            fractions = [float(v) for v in split.split(",")]
+        except ValueError:
+            raise DataError(f"--split must be three comma-separated numbers, got {split}") from None
+        with _progress(f"synthesizing {task}") as progress:
+            m = synthesize(
+                task,
+                out,
+                sites=sites,
+                size=size,
+                per_site=per_site,
+                seed=seed,
+                split=fractions,
+                overwrite=overwrite,
+                progress=progress,
+            )
+        if weak_labels:
+            with _progress("weak labels") as progress:
+                m = generate_weak_labels(out, seed=seed, progress=progress)
+    _summary(out, m)
+
+
+@app.command("weak-labels")
+def weak_labels_cmd(
+    root: Annotated[Path, typer.Argument(help="Federation folder.")],
+    seed: Seed = 0,
+    annotation: SiteAnnotations = None,
+    box_to: BoxTo = None,
+) -> None:
+    """(Re)generate weak labels from the full masks; images are never rewritten."""
+    from fedseg.data.weak import generate_weak_labels
+
+    with _handled():
+        overrides = _assignments(annotation, "--annotation")
+        with _progress("weak labels") as progress:
+            m = generate_weak_labels(
+                root, seed=seed, annotations=overrides, box_conversion=box_to, progress=progress
+            )
+    _summary(root, m)
+
+
+@app.command()
+def check(
+    root: Annotated[Path, typer.Argument(help="Federation folder.")],
+    batch_size: Annotated[
+        int | None, typer.Option(help="Flag train splits smaller than this.")
+    ] = None,
+    labels: Annotated[str, typer.Option(help="'full', or 'weak' to require weak labels.")] = "full",
+) -> None:
+    """List every problem of a federation folder; exit status 1 if there is any."""
+    from fedseg.data.federation import FederatedDataset
+
+    with _handled():
+        if labels not in ("full", "weak"):
+            raise DataError(f"--labels must be 'full' or 'weak', got {labels!r}")
+        fed = FederatedDataset.open(root)
+        problems = fed.check(batch_size=batch_size, labels=labels)  # type: ignore[arg-type]
+    if not problems:
+        console.print(f"[green]ok[/]: {root} ({len(fed.site_names)} sites) has no problems")
+        return
+    table = Table("path", "problem", title=f"{len(problems)} problem(s) in {root}")
+    for p in problems:
+        table.add_row(str(p.path), p.message)
+    console.print(table)
+    raise typer.Exit(1)
+
+
+@app.command()
+def preview(
+    root: Annotated[Path, typer.Argument(help="Federation folder.")],
+    out: Annotated[Path | None, typer.Option(help="Output folder (default ROOT/preview).")] = None,
+    n: Annotated[int, typer.Option(help="Samples per site.")] = 4,
+    split: Annotated[str, typer.Option(help="train, val or test.")] = "train",
+) -> None:
+    """Save PNG overlays per site: image | full mask | weak label."""
+    from fedseg.data.preview import preview as make_preview
+
+    with _handled(), _progress("preview") as progress:
+        paths = make_preview(root, out, n=n, split=split, progress=progress)
+    for p in paths:
+        console.print(f"wrote {p}", highlight=False)
+
+
+@app.command("import-h5")
+def import_h5_cmd(
+    src: Annotated[Path, typer.Argument(help="Folder of DomainK/{train,test}/*.h5.")],
+    out: Annotated[Path, typer.Argument(help="Output federation folder.")],
+    classes: Classes,
+    task: Task = "imported",
+    modality: Modality = "unspecified",
+    annotation: SiteAnnotations = None,
+    weak_key: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="SITE=KEY, repeatable; KEY in scribble, scribble_noisy, block, box, "
+            "keypoint (default: the key of the site's --annotation)."
+        ),
+    ] = None,
+    box_to: BoxTo = None,
+    val_fraction: ValFraction = 0.0,
+    seed: Seed = 0,
+    overwrite: Overwrite = False,
+) -> None:
+    """Import the FedLPPA authors' h5 layout (unlabeled = number of classes -> 255)."""
+    from fedseg.data.importers import import_h5
+
+    with _handled(), _progress("importing h5") as progress:
+        m = import_h5(
+            src,
+            out,
+            class_names=classes.split(","),
+            task=task,
+            modality=modality,
+            annotations=_assignments(annotation, "--annotation"),
+            weak_keys=_assignments(weak_key, "--weak-key"),
+            box_conversion=box_to or "block",
+            val_fraction=val_fraction,
+            seed=seed,
+            overwrite=overwrite,
+            progress=progress,
+        )
+    _summary(out, m)
+
+
+@app.command("import-folder")
+def import_folder_cmd(
+    src: Annotated[Path, typer.Argument(help="Folder with one sub-folder per site.")],
+    out: Annotated[Path, typer.Argument(help="Output federation folder.")],
+    classes: Classes,
+    mapping: Annotated[str, typer.Option(help="Mask grey level -> class, e.g. 0=0,128=2,255=1.")],
+    size: Annotated[str, typer.Option(help="Output size: S or H,W.")] = "256",
+    channels: Annotated[int, typer.Option(help="1 (grey) or 3 (RGB).")] = 3,
+    images_dir: Annotated[str, typer.Option(help="Image sub-folder of a site.")] = "images",
+    masks_dir: Annotated[str, typer.Option(help="Mask sub-folder of a site.")] = "masks",
+    tolerance: Annotated[int, typer.Option(help="Accepted grey-level drift (JPEG).")] = 0,
+    region: Annotated[
+        list[str] | None, typer.Option(help="NAME=c1,c2 evaluation region, repeatable.")
+    ] = None,
+    test_fraction: TestFraction = 0.2,
+    val_fraction: ValFraction = 0.0,
+    seed: Seed = 0,
+    task: Task = "imported",
+    modality: Modality = "unspecified",
+    annotation: SiteAnnotations = None,
+    box_to: BoxTo = None,
+    overwrite: Overwrite = False,
+) -> None:
+    """Import per-site folders of 2D images and grey-level masks (PNG/JPG/BMP/TIFF)."""
+    from fedseg.data.importers import import_folder
+    from fedseg.data.importers.common import parse_levels
+
+    with _handled():
+        regions = {
+            k: _ints(v, f"--region {k}") for k, v in _assignments(region, "--region").items()
+        }
+        h, w = _sizes(size, 2, "--size")
+        with _progress("importing images") as progress:
+            m = import_folder(
+                src,
+                out,
+                class_names=classes.split(","),
+                mapping=parse_levels(mapping),
+                size=(h, w),
+                channels=channels,
+                images_dir=images_dir,
+                masks_dir=masks_dir,
+                tolerance=tolerance,
+                test_fraction=test_fraction,
+                val_fraction=val_fraction,
+                seed=seed,
+                task=task,
+                modality=modality,
+                annotations=_assignments(annotation, "--annotation"),
+                box_conversion=box_to or "block",
+                regions=regions or None,
+                overwrite=overwrite,
+                progress=progress,
+            )
+    _summary(out, m)
+
+
+@app.command("import-nifti")
+def import_nifti_cmd(
+    src: Annotated[Path, typer.Argument(help="Folder with one sub-folder per site.")],
+    out: Annotated[Path, typer.Argument(help="Output federation folder.")],
+    classes: Classes,
+    mode: Annotated[str, typer.Option(help="2d (slices) or 3d (volumes).")] = "2d",
+    shape: Annotated[str, typer.Option(help="2d: S or H,W; 3d: D,H,W.")] = "256",
+    axis: Annotated[int, typer.Option(help="Slice/depth axis after RAS reorientation.")] = 2,
+    fit: Annotated[str, typer.Option(help="3d: resize or crop (centre crop/pad).")] = "resize",
+    keep_empty: Annotated[bool, typer.Option(help="2d: keep slices with empty masks.")] = False,
+    mapping: Annotated[
+        str | None, typer.Option(help="Label value -> class, e.g. 0=0,255=1.")
+    ] = None,
+    images_dir: Annotated[str, typer.Option(help="Image sub-folder of a site.")] = "images",
+    masks_dir: Annotated[str, typer.Option(help="Label sub-folder of a site.")] = "labels",
+    mask_suffix: Annotated[
+        str, typer.Option(help="Labels beside images as <case><suffix>.nii.gz.")
+    ] = "",
+    test_fraction: TestFraction = 0.2,
+    val_fraction: ValFraction = 0.0,
+    seed: Seed = 0,
+    task: Task = "imported",
+    modality: Modality = "MRI",
+    annotation: SiteAnnotations = None,
+    overwrite: Overwrite = False,
+) -> None:
+    """Import per-site NIfTI volumes as 2D slices or 3D volumes (spacing from headers)."""
+    from fedseg.data.importers import import_nifti
+    from fedseg.data.importers.common import parse_levels
+
+    with _handled():
+        dims = _sizes(shape, 2 if mode == "2d" else 3, "--shape")
+        with _progress("importing volumes") as progress:
+            result = import_nifti(
+                src,
+                out,
+                class_names=classes.split(","),
+                mode=mode,  # type: ignore[arg-type]
+                shape=dims,
+                axis=axis,
+                fit=fit,
+                drop_empty=not keep_empty,  # type: ignore[arg-type]
+                mapping=parse_levels(mapping) if mapping else None,
+                images_dir=images_dir,
+                masks_dir=masks_dir,
+                mask_suffix=mask_suffix,
+                test_fraction=test_fraction,
+                val_fraction=val_fraction,
+                seed=seed,
+                task=task,
+                modality=modality,
+                annotations=_assignments(annotation, "--annotation"),
+                overwrite=overwrite,
+                progress=progress,
+            )
+    _summary(out, result.manifest)
+    if result.dropped_slices:
+        console.print(
+            f"dropped {result.dropped_slices} slices with empty masks (--keep-empty keeps them)"
+        )

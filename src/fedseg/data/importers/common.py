@@ -1,0 +1,173 @@
+"""Shared importer pieces: site folders, image/mask pairing, splits, grey-level mappings."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from fedseg.data.manifest import Annotation, check_annotations
+from fedseg.errors import DataError
+
+__all__ = [
+    "assign_splits",
+    "find_pairs",
+    "map_levels",
+    "natural_key",
+    "parse_assignments",
+    "parse_levels",
+    "site_annotations",
+    "site_dirs",
+    "stem",
+]
+
+
+def natural_key(name: str) -> list[int | str]:
+    """Sort key putting ``Domain2`` before ``Domain10``."""
+    return [int(t) if t.isdigit() else t.lower() for t in re.split(r"(\d+)", name)]
+
+
+def site_dirs(src: Path) -> list[Path]:
+    """The site folders (sub-folders) of ``src`` in natural order."""
+    if not src.is_dir():
+        raise DataError(f"{src} is not a folder")
+    sites = sorted((p for p in src.iterdir() if p.is_dir()), key=lambda p: natural_key(p.name))
+    if not sites:
+        raise DataError(f"{src} holds no site folders (one sub-folder per site expected)")
+    return sites
+
+
+def stem(path: Path) -> str:
+    """File name without its extension (both parts of ``.nii.gz``)."""
+    return path.name[: -len(".nii.gz")] if path.name.lower().endswith(".nii.gz") else path.stem
+
+
+def find_pairs(
+    folder: Path,
+    *,
+    images_dir: str,
+    masks_dir: str,
+    extensions: Sequence[str],
+    mask_suffix: str = "",
+) -> list[tuple[str, Path, Path]]:
+    """Pair images with masks in ``folder``: ``<images_dir>/<id>.*`` with
+    ``<masks_dir>/<id>[<mask_suffix>].*``, or, when those folders do not exist and a
+    ``mask_suffix`` is given, ``<id>.*`` with ``<id><mask_suffix>.*`` side by side.
+
+    Raises:
+        DataError: no images, or an image without its mask or a mask without its image.
+    """
+    img_dir, mask_dir = folder / images_dir, folder / masks_dir
+    if not img_dir.is_dir():
+        if not mask_suffix:
+            raise DataError(f"{folder}: expected sub-folders {images_dir}/ and {masks_dir}/")
+        img_dir = mask_dir = folder
+    files = [p for p in img_dir.iterdir() if _has_ext(p, extensions)]
+    masks = {stem(p): p for p in mask_dir.iterdir() if _has_ext(p, extensions)}
+    if mask_suffix:
+        if img_dir == mask_dir:
+            masks = {k: p for k, p in masks.items() if k.endswith(mask_suffix)}
+            files = [p for p in files if not stem(p).endswith(mask_suffix)]
+        masks = {k.removesuffix(mask_suffix): p for k, p in masks.items()}
+    images = {stem(p): p for p in files}
+    if not images:
+        raise DataError(f"{img_dir}: no image files with extensions {list(extensions)}")
+    lonely = sorted(set(images) - set(masks), key=natural_key)
+    orphans = sorted(set(masks) - set(images), key=natural_key)
+    if lonely or orphans:
+        raise DataError(
+            f"{folder}: every image needs exactly one mask; images without mask: "
+            f"{lonely[:5] or 'none'}, masks without image: {orphans[:5] or 'none'}"
+        )
+    return [(k, images[k], masks[k]) for k in sorted(images, key=natural_key)]
+
+
+def assign_splits(
+    ids: Sequence[str],
+    *,
+    test_fraction: float,
+    val_fraction: float,
+    seed: int,
+    given: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """Map every id to ``train``/``val``/``test``.
+
+    ``given`` (id -> ``train``/``test``, from a pre-split layout) is kept; otherwise
+    ``test_fraction`` of the ids are drawn as test. Then ``val_fraction`` of the training ids
+    are drawn as val. Draws are seeded and independent of file order.
+    """
+    for name, value in (("test_fraction", test_fraction), ("val_fraction", val_fraction)):
+        if not 0 <= value < 1:
+            raise DataError(f"{name} must be in [0, 1), got {value}")
+    rng = np.random.default_rng(seed)
+    ordered = sorted(ids, key=natural_key)
+    splits = dict(given) if given is not None else _draw(ordered, test_fraction, rng, "test")
+    train = [i for i in ordered if splits[i] == "train"]
+    splits.update(_draw(train, val_fraction, rng, "val"))
+    return splits
+
+
+def _draw(ids: list[str], fraction: float, rng: np.random.Generator, name: str) -> dict[str, str]:
+    k = round(len(ids) * fraction)
+    if fraction > 0 and len(ids) > 1:
+        k = min(max(k, 1), len(ids) - 1)
+    chosen = set(rng.permutation(len(ids))[:k].tolist())
+    return {i: (name if j in chosen else "train") for j, i in enumerate(ids)}
+
+
+def parse_assignments(items: Iterable[str], what: str) -> dict[str, str]:
+    """``["A=scribble", "B=point"]`` -> ``{"A": "scribble", "B": "point"}``."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise DataError(f"{what} entries must look like SITE=VALUE, got {item!r}")
+        out[key] = value
+    return out
+
+
+def parse_levels(text: str) -> dict[int, int]:
+    """``"0=0,128=1,255=2"`` -> grey level to class mapping."""
+    mapping = {}
+    for item in text.split(","):
+        level, sep, cls = item.strip().partition("=")
+        if not sep or not level.strip().isdigit() or not cls.strip().isdigit():
+            raise DataError(f"mapping entries must look like LEVEL=CLASS, got {item!r} in {text!r}")
+        mapping[int(level)] = int(cls)
+    return mapping
+
+
+def map_levels(mask: np.ndarray, mapping: dict[int, int], tolerance: int, where: str) -> np.ndarray:
+    """Map mask values to classes: each value goes to the nearest mapped level within
+    ``tolerance`` (JPEG masks drift a little); any other value is an error, never dropped."""
+    levels = np.asarray(sorted(mapping))
+    values = np.unique(mask)
+    nearest = levels[np.abs(values[:, None].astype(np.int64) - levels[None]).argmin(axis=1)]
+    far = values[np.abs(values.astype(np.int64) - nearest) > tolerance]
+    if len(far):
+        raise DataError(
+            f"{where}: values {far[:10].tolist()} are not within {tolerance} of the mapped "
+            f"levels {levels.tolist()}; add them to the mapping (or raise the tolerance)"
+        )
+    lut = {int(v): mapping[int(n)] for v, n in zip(values, nearest, strict=True)}
+    out = np.zeros(mask.shape, np.uint8)
+    for value, cls in lut.items():
+        out[mask == value] = cls
+    return out
+
+
+def site_annotations(
+    given: Mapping[str, str] | None, sites: Sequence[str], src: Path
+) -> dict[str, Annotation]:
+    """Annotation type of every site: ``given[site]`` or ``full``; unknown sites/types raise."""
+    chosen = check_annotations(given or {})
+    unknown = sorted(set(chosen) - set(sites))
+    if unknown:
+        raise DataError(f"--annotation names unknown sites {unknown}; {src} has {list(sites)}")
+    return {s: chosen.get(s, "full") for s in sites}
+
+
+def _has_ext(path: Path, extensions: Sequence[str]) -> bool:
+    return path.is_file() and any(path.name.lower().endswith(e) for e in extensions)

@@ -1,0 +1,173 @@
+"""Import NIfTI volumes per site, as 2D slices or as 3D volumes.
+
+Layout: ``SRC/<site>/images/<case>.nii.gz`` with ``SRC/<site>/labels/<case>.nii.gz``, or
+side by side as ``<case>.nii.gz`` + ``<case><mask_suffix>.nii.gz``; optionally pre-split into
+``SRC/<site>/{train,test}/``. Volumes are reoriented to RAS (``nibabel.as_closest_canonical``)
+and intensities scaled to [0, 1] per volume; splits are drawn per case, never per slice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import nibabel as nib
+import numpy as np
+
+from fedseg.data.arrays import center_crop_or_pad, normalize_intensity, resize_image, resize_mask
+from fedseg.data.importers.common import (
+    assign_splits,
+    find_pairs,
+    map_levels,
+    site_annotations,
+    site_dirs,
+)
+from fedseg.data.manifest import Annotation, BoxConversion, Manifest
+from fedseg.data.writer import FederationWriter
+from fedseg.errors import DataError
+
+__all__ = ["NiftiImport", "import_nifti"]
+
+NIFTI_EXTENSIONS = (".nii", ".nii.gz")
+
+
+@dataclass(frozen=True)
+class NiftiImport:
+    """What an import produced: the manifest and how many empty slices were dropped."""
+
+    manifest: Manifest
+    dropped_slices: int
+
+
+def import_nifti(
+    src: str | Path,
+    out: str | Path,
+    *,
+    class_names: Sequence[str],
+    mode: Literal["2d", "3d"],
+    shape: Sequence[int],
+    axis: int = 2,
+    fit: Literal["resize", "crop"] = "resize",
+    drop_empty: bool = True,
+    mapping: Mapping[int, int] | None = None,
+    images_dir: str = "images",
+    masks_dir: str = "labels",
+    mask_suffix: str = "",
+    test_fraction: float = 0.2,
+    val_fraction: float = 0.0,
+    seed: int = 0,
+    task: str = "imported",
+    modality: str = "MRI",
+    annotations: Mapping[str, Annotation] | None = None,
+    box_conversion: BoxConversion = "block",
+    overwrite: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> NiftiImport:
+    """Convert per-site NIfTI image/label volumes in ``src`` into a federation folder ``out``.
+
+    ``mode="2d"`` cuts every volume into slices along ``axis`` (after RAS reorientation; 2 =
+    axial), drops slices whose mask is empty when ``drop_empty``, and resizes each slice to
+    ``shape`` (H, W). ``mode="3d"`` keeps volumes, moves ``axis`` first (D, H, W) and fits them
+    to ``shape`` by resizing or centre cropping/padding (``fit``). Spacing comes from the
+    header and follows resizing. Label values map through ``mapping`` (value -> class) or must
+    already be classes.
+    """
+    ndim = {"2d": 2, "3d": 3}.get(mode)
+    if ndim is None or len(shape) != ndim or axis not in (0, 1, 2) or fit not in ("resize", "crop"):
+        raise DataError(
+            f"need mode 2d with a (H, W) shape or 3d with a (D, H, W) shape, axis in 0..2 and "
+            f"fit resize|crop; got mode={mode!r}, shape={tuple(shape)}, axis={axis}, fit={fit!r}"
+        )
+    src = Path(src)
+    plan = {}
+    for site in site_dirs(src):
+        parts = {s: site / s for s in ("train", "test") if (site / s).is_dir()}
+        cases = {
+            (split, case): (img, lab)
+            for split, folder in (parts or {"": site}).items()
+            for case, img, lab in find_pairs(
+                folder,
+                images_dir=images_dir,
+                masks_dir=masks_dir,
+                extensions=NIFTI_EXTENSIONS,
+                mask_suffix=mask_suffix,
+            )
+        }
+        keys = {f"{split}/{case}": (split, case) for split, case in cases}
+        given = {k: v[0] for k, v in keys.items()} if parts else None
+        splits = assign_splits(
+            list(keys),
+            test_fraction=test_fraction,
+            val_fraction=val_fraction,
+            seed=seed,
+            given=given,
+        )
+        plan[site.name] = [(keys[k][1], *cases[keys[k]], splits[k]) for k in keys]
+    chosen = site_annotations(annotations, list(plan), src)
+    writer = FederationWriter(
+        Path(out),
+        task=task,
+        class_names=class_names,
+        modality=modality,
+        channels=1,
+        spatial_shape=tuple(shape),
+        box_conversion=box_conversion,
+        source=f"imported from NIfTI volumes in {src}",
+        overwrite=overwrite,
+    )
+    total, done, dropped = sum(len(v) for v in plan.values()), 0, 0
+    for site, items in plan.items():
+        for case, img_path, lab_path, split in items:
+            image, label, spacing = _read_case(img_path, lab_path, axis, mapping, len(class_names))
+            if ndim == 3:
+                samples = [(case, *_fit(image, label, spacing, shape, fit))]
+            else:
+                samples = [
+                    (f"{case}_{k:03d}", *_fit(image[k], label[k], spacing[1:], shape, "resize"))
+                    for k in range(len(image))
+                    if label[k].any() or not drop_empty
+                ]
+                dropped += len(image) - len(samples)
+            for sample_id, img, lab, sp in samples:
+                writer.add(site, split, sample_id, img[None], lab, spacing=sp, origin=str(img_path))
+            done += 1
+            if progress is not None:
+                progress(done, total)
+    manifest = writer.finish(chosen)
+    return NiftiImport(manifest, dropped)
+
+
+def _read_case(
+    img_path: Path, lab_path: Path, axis: int, mapping: Mapping[int, int] | None, k: int
+) -> tuple[np.ndarray, np.ndarray, tuple[float, ...]]:
+    """Volume and label with ``axis`` first, RAS-oriented; spacing in the same axis order."""
+    img = nib.as_closest_canonical(nib.load(img_path))
+    lab = nib.as_closest_canonical(nib.load(lab_path))
+    if img.ndim != 3 or img.shape != lab.shape:
+        raise DataError(
+            f"{img_path}: need a 3D volume with the shape of its label {lab.shape}, got {img.shape}"
+        )
+    raw = np.asarray(lab.dataobj)
+    label = np.rint(raw).astype(np.int64)
+    if not np.array_equal(label, raw):
+        raise DataError(f"{lab_path}: label values must be integers")
+    if mapping is not None:
+        label = map_levels(label, dict(mapping), 0, str(lab_path))
+    bad = sorted(set(np.unique(label).tolist()) - set(range(k)))
+    if bad:
+        raise DataError(f"{lab_path}: label values must be classes 0..{k - 1}, got {bad[:10]}")
+    zooms = [float(z) for z in img.header.get_zooms()[:3]]
+    order = [axis] + [a for a in range(3) if a != axis]
+    image = normalize_intensity(np.transpose(img.get_fdata(dtype=np.float32), order))
+    return image, np.transpose(label, order).astype(np.uint8), tuple(zooms[a] for a in order)
+
+
+def _fit(
+    image: np.ndarray, label: np.ndarray, spacing: Sequence[float], shape: Sequence[int], fit: str
+) -> tuple[np.ndarray, np.ndarray, tuple[float, ...]]:
+    if fit == "crop":
+        return center_crop_or_pad(image, shape), center_crop_or_pad(label, shape), tuple(spacing)
+    scaled = tuple(s * n / m for s, n, m in zip(spacing, image.shape, shape, strict=True))
+    return resize_image(image[None], shape)[0], resize_mask(label, shape), scaled

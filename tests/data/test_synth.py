@@ -1,0 +1,155 @@
+"""Synthetic federations: contract of every task, determinism, heterogeneity, errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedseg.data import FederatedDataset
+from fedseg.data.synth import SYNTH_TASKS, SynthTask, synthesize
+from fedseg.data.synth.base import site_sizes, site_style, split_sizes
+from fedseg.errors import DataError, RegistryError
+
+PAPER_TABLE_I = {
+    "fundus": ("scribble", "scribble2", "box", "point", "block"),
+    "faz": ("scribble", "point", "block", "box", "scribble2"),
+    "polyp": ("point", "scribble", "rotated_box", "block"),
+    "prostate": ("block", "point", "scribble", "point", "scribble2", "box"),
+}
+
+
+@pytest.mark.parametrize("name", SYNTH_TASKS.names())
+def test_every_registered_task_meets_the_contract(name: str) -> None:
+    task = SYNTH_TASKS.get(name)
+    images, masks = task.generate(0, 2, 32, np.random.default_rng(0))
+    shape = task.spatial_shape(32)
+    assert images.shape == (2, task.channels, *shape) and images.dtype == np.float32
+    assert masks.shape == (2, *shape) and masks.dtype == np.uint8
+    assert np.isfinite(images).all()
+    assert set(np.unique(masks).tolist()) <= set(range(len(task.class_names)))
+    assert (masks > 0).any()
+    assert len(task.size_weights) >= 1 and len(task.annotations) >= 1 and task.source
+
+
+@pytest.mark.parametrize(("name", "annotations"), PAPER_TABLE_I.items())
+def test_default_sites_follow_the_paper(name: str, annotations: tuple[str, ...]) -> None:
+    assert SYNTH_TASKS.get(name).annotations == annotations
+
+
+def test_images_are_in_unit_range_and_every_class_appears() -> None:
+    for name in PAPER_TABLE_I:
+        task = SYNTH_TASKS.get(name)
+        for site in range(len(task.annotations)):
+            images, masks = task.generate(site, 4, 32, np.random.default_rng(site))
+            assert images.min() >= 0 and images.max() <= 1, (name, site)
+            assert set(np.unique(masks).tolist()) == set(range(len(task.class_names)))
+
+
+@pytest.mark.parametrize("name", list(PAPER_TABLE_I))
+def test_sites_look_different_and_samples_vary(name: str) -> None:
+    """Between-site spread of image statistics dwarfs the within-site spread, while object
+    size and position vary from sample to sample."""
+    task = SYNTH_TASKS.get(name)
+    stats, areas, centres = [], [], []
+    for site in range(len(task.annotations)):
+        images, masks = task.generate(site, 12, 48, np.random.default_rng(site))
+        fg = masks > 0
+        # per image: mean and contrast of each channel, and foreground/background contrast
+        per_image = [
+            np.concatenate([im.mean((1, 2)), im.std((1, 2)), im[:, f].mean(1) - im[:, ~f].mean(1)])
+            for im, f in zip(images, fg, strict=True)
+        ]
+        stats.append(np.asarray(per_image))
+        areas += fg.sum((1, 2)).tolist()
+        centres += [np.argwhere(f).mean(0) for f in fg]
+    site_means = np.stack([s.mean(0) for s in stats])
+    within = np.mean([s.var(0) for s in stats], axis=0)
+    ratio = site_means.var(0) / np.maximum(within, 1e-9)
+    assert ratio.max() > 3, ratio  # at least one appearance feature separates sites clearly
+    assert np.std(areas) / np.mean(areas) > 0.2
+    assert np.std(np.asarray(centres), axis=0).min() > 1.0
+
+
+def test_synthesize_writes_an_imbalanced_federation(tmp_path: Path) -> None:
+    m = synthesize("polyp", tmp_path / "f", size=32, per_site=20, seed=1)
+    assert m.site_names == ["A", "B", "C", "D"]
+    totals = [sum(s.splits.values()) for s in m.sites]
+    assert len(set(totals)) > 2 and abs(np.mean(totals) - 20) <= 2
+    for s in m.sites:
+        n = sum(s.splits.values())
+        assert s.splits == split_sizes(n, (0.7, 0.1, 0.2))
+    assert m.weak_labels is None and "synthetic" in m.source and "not patient data" in m.source
+    fed = FederatedDataset.open(tmp_path / "f")
+    assert fed.check() == []
+    assert fed.load("C", "train").images.shape[1:] == (3, 32, 32)
+
+
+def test_synthesize_is_deterministic_per_seed(tmp_path: Path) -> None:
+    for run, seed in (("a", 3), ("b", 3), ("c", 4)):
+        synthesize("faz", tmp_path / run, sites=2, size=32, per_site=6, seed=seed)
+    a, b, c = (FederatedDataset.open(tmp_path / r).load("B", "train") for r in "abc")
+    assert a.ids == b.ids
+    assert np.array_equal(a.images, b.images) and np.array_equal(a.masks, b.masks)
+    assert not np.array_equal(a.images, c.images)
+
+
+def test_extra_sites_cycle_annotations_and_get_new_styles(tmp_path: Path) -> None:
+    m = synthesize("polyp", tmp_path / "f", sites=6, size=32, per_site=8, seed=0)
+    assert [s.annotation for s in m.sites][4:] == ["point", "scribble"]
+    styles = SYNTH_TASKS.get("polyp").styles
+    assert site_style(styles, 1) is styles[1]
+    assert site_style(styles, 5) != styles[1] and site_style(styles, 5) == site_style(styles, 5)
+
+
+def test_site_sizes_and_splits() -> None:
+    assert site_sizes((1, 1, 2), 40) == [30, 30, 60]
+    assert site_sizes((1, 20), 4) == [5, 8]  # never below the minimum of 5
+    assert split_sizes(11, (0.7, 0.1, 0.2)) == {"train": 8, "val": 1, "test": 2}
+    with pytest.raises(DataError, match=r"summing to 1"):
+        split_sizes(10, (0.5, 0.1, 0.1))
+
+
+def test_errors(tmp_path: Path) -> None:
+    with pytest.raises(RegistryError, match=r"unknown synthetic task 'fundos'.*fundus"):
+        synthesize("fundos", tmp_path / "x")
+    with pytest.raises(DataError, match=r"--sites must be in 1..26"):
+        synthesize("fundus", tmp_path / "x", sites=0)
+    synthesize("fundus", tmp_path / "f", sites=1, size=16, per_site=5)
+    with pytest.raises(DataError, match=r"not empty.*--overwrite"):
+        synthesize("fundus", tmp_path / "f", sites=1, size=16, per_site=5)
+    m = synthesize("polyp", tmp_path / "f", sites=1, size=16, per_site=5, overwrite=True)
+    assert m.task == "polyp" and FederatedDataset.open(tmp_path / "f").check() == []
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(DataError, match=r"refusing to clear"):
+        synthesize("fundus", tmp_path / "other", overwrite=True)
+    assert (tmp_path / "other" / "notes.txt").exists()
+
+
+def _sample(style: float, size: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    mask = np.zeros((size, size), np.uint8)
+    mask[size // 4 : size // 2, size // 4 : size // 2] = 1
+    return (style * mask + rng.random((size, size)) * 0.1)[None].astype(np.float32), mask
+
+
+def test_a_new_task_is_one_registration(tmp_path: Path) -> None:
+    SYNTH_TASKS.register("test_squares")(
+        SynthTask(
+            class_names=("bg", "square"),
+            modality="toy",
+            channels=1,
+            styles=(0.5, 0.9),
+            sample=_sample,
+            annotations=("block", "point"),
+            size_weights=(1, 2),
+            source="test squares",
+            spacing=lambda style, size: (style, 64 / size),
+        )
+    )
+    m = synthesize("test_squares", tmp_path / "f", size=16, per_site=6)
+    assert [s.annotation for s in m.sites] == ["block", "point"]
+    fed = FederatedDataset.open(tmp_path / "f")
+    assert fed.check() == []
+    assert fed.load("B", "train").spacing[0] == (0.9, 4.0)
