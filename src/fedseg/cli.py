@@ -44,7 +44,7 @@ def _logging(run_dir: Path | None, verbose: bool) -> None:
 
 
 def _fail(e: FedsegError) -> None:
-    err.print(f"[bold red]error:[/] {e.reason}", highlight=False)
+    err.print(f"[bold red]error:[/] {e.reason}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 

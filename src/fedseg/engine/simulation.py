@@ -16,11 +16,52 @@ from fedseg.methods import (
     Method,
     Payload,
     ServerContext,
+    ServerResult,
+    State,
     TrainSettings,
 )
 from fedseg.methods.base import validate_upload
 
-__all__ = ["Simulation"]
+__all__ = ["Simulation", "evaluate_site", "server_round"]
+
+
+def server_round(
+    method: Method,
+    uploads: Mapping[str, Payload],
+    state: State,
+    r: int,
+    train: TrainSettings,
+    seed: int,
+) -> ServerResult:
+    """The server step of round ``r`` with its generator seeded from (seed, round): the same
+    in every engine."""
+    gen = torch.Generator().manual_seed(derive_seed(seed, r, -1))
+    return method.server_step(uploads, state, ServerContext(method.spec, r, train, gen))
+
+
+def evaluate_site(
+    method: Method,
+    payload: Payload,
+    state: State,
+    site: SiteData,
+    ctx: ClientContext,
+    regions: Mapping[str, Sequence[int]],
+    batch_size: int,
+) -> dict[str, Any]:
+    """Score ``site`` on its test data with the model the method evaluates it with:
+    ``{"metrics": {metric: {region: value}}, "cases": n}``."""
+    model = method.eval_model(payload, state, ctx)
+    ev = evaluate(
+        model,
+        site.test_images,
+        site.test_masks,
+        regions,
+        batch_size=batch_size,
+        device=ctx.device,
+        spacing=site.test_spacing,
+        ids=site.test_ids,
+    )
+    return {"metrics": ev.metrics, "cases": ev.cases}
 
 
 class Simulation:
@@ -85,10 +126,7 @@ class Simulation:
             )
             validate_upload(name, res.upload, self.template)
             uploads[name], self.states[name], metrics[name] = res.upload, res.state, res.metrics
-        gen = torch.Generator().manual_seed(derive_seed(self.seed, r, -1))
-        out = self.method.server_step(
-            uploads, self.server_state, ServerContext(self.method.spec, r, self.train, gen)
-        )
+        out = server_round(self.method, uploads, self.server_state, r, self.train, self.seed)
         self.payloads, self.server_state = out.payloads, out.state
         return {
             "round": r,
@@ -104,20 +142,10 @@ class Simulation:
         out = {}
         for name, site in self.sites.items():
             key = POOLED if self.method.pooled else name
-            model = self.method.eval_model(
-                self.payloads[key], self.states[key], self.context(site, self.train.rounds)
+            ctx = self.context(site, self.train.rounds)
+            out[name] = evaluate_site(
+                self.method, self.payloads[key], self.states[key], site, ctx, regions, batch_size
             )
-            ev = evaluate(
-                model,
-                site.test_images,
-                site.test_masks,
-                regions,
-                batch_size=batch_size,
-                device=self.device,
-                spacing=site.test_spacing,
-                ids=site.test_ids,
-            )
-            out[name] = {"metrics": ev.metrics, "cases": ev.cases}
         return out
 
     def state_dict(self) -> dict[str, Any]:
