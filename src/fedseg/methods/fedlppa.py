@@ -1,0 +1,334 @@
+"""FedLPPA (Lin et al., IEEE TMI 2024): learnable prompts and aggregation for federated
+weakly-supervised segmentation with heterogeneous sparse labels.
+
+Global (FedAvg by sample count, Eq. 2): encoder and TDF incl. the UKP and DDP prompts.
+Personal: the main decoder + MLP (phi) and the auxiliary decoder (phi-bar). The server also
+averages the main decoders into phi_G and builds each site's auxiliary decoder from the
+uploaded main decoders (Eqs. 7-9 or another ``aux_strategy``). A site merges what it receives
+with its own decoders by Learnable Aggregation (Eqs. 10-13, :mod:`fedseg.methods.ala`) and
+trains with the dual-decoder WSS loss (Eqs. 14-17, :mod:`fedseg.methods.pseudo_label`).
+Decisions the paper leaves open are listed in ``docs/methods/fedlppa.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import torch
+from pydantic import Field, model_validator
+from torch import nn
+
+from fedseg.errors import ConfigError
+from fedseg.methods.aggregate import average_state, sample_weights, weighted_average
+from fedseg.methods.ala import init_weights, merge, train_weights
+from fedseg.methods.base import (
+    ClientContext,
+    ClientResult,
+    FederationSpec,
+    Method,
+    MethodConfig,
+    Payload,
+    ServerContext,
+    ServerResult,
+    SiteSpec,
+    State,
+)
+from fedseg.methods.partition import Partition, ResolvedPartition
+from fedseg.methods.pseudo_label import dual_decoder_loss
+from fedseg.methods.registry import register_method
+from fedseg.methods.training import LossFn, segmentation_loss, train_steps
+from fedseg.models.fedlppa_net import FedLPPANet
+from fedseg.models.tdf import Fusion, prompt_affinity
+
+__all__ = ["FedLPPA", "FedLPPAConfig", "aux_mixing"]
+
+AuxStrategy = Literal["random", "fixed_order", "highest_similarity", "similarity_aggregated"]
+MAIN, AUX = ("decoder.", "mlp."), "aux_decoder."
+
+
+class FedLPPAConfig(MethodConfig):
+    """FedLPPA settings; the switches reproduce the paper's ablations (Tables VII-VIII,
+    Figs. 8-9)."""
+
+    tdf: bool = True
+    """Tri-prompt dual-attention fusion + MLP block (off: plain UNet bottleneck)."""
+    pd: bool = True
+    """Prompt-driven dual decoder: server-built auxiliary decoder + pseudo-label loss."""
+    la: bool = True
+    """Learnable aggregation of both decoders (off: decoders = what the server sent)."""
+    prompts: tuple[Literal["ddp", "ukp", "asp"], ...] = ("ddp", "ukp", "asp")
+    """Prompts fed to the TDF; DDP is always required."""
+    fusion: Fusion = "dual"
+    """Feature enhancement after the fusion convs: none, channel, spatial or dual (Eq. 5)."""
+    aux_strategy: AuxStrategy = "similarity_aggregated"
+    """How the server builds a site's auxiliary decoder from the uploaded main decoders."""
+    aux_include_self: bool = True
+    """similarity_aggregated: include a_ii = 1 (Eq. 9 sums over all j)."""
+    lam: float = Field(0.5, ge=0)
+    """Weight of the pseudo-label Dice term (Eq. 15)."""
+    mix_low: float = Field(0.7, ge=0, le=1)
+    """Lower bound of lambda_m ~ U(mix_low, mix_high) (Eq. 14)."""
+    mix_high: float = Field(1.0, ge=0, le=1)
+    """Upper bound of lambda_m."""
+    la_eta: float = Field(1.0, ge=0)
+    """Learning rate of the aggregation weights (Eqs. 12-13)."""
+    la_iters: int = Field(2, ge=0)
+    """Weight-training steps per round after the first (settling) LA."""
+    la_max_iters: int = Field(50, ge=1)
+    """Cap on the steps of the first LA, which runs until the loss settles."""
+    la_window: int = Field(10, ge=1)
+    """Settling test: number of recent LA losses compared."""
+    la_tol: float = Field(0.1, gt=0)
+    """Settling test: their standard deviation must fall below this."""
+    tdf_dropout: float = Field(0.5, ge=0, lt=1)
+    """Dropout after the first TDF fusion conv block."""
+
+    @model_validator(mode="after")
+    def _check(self) -> FedLPPAConfig:
+        if "ddp" not in self.prompts or len(set(self.prompts)) != len(self.prompts):
+            raise ValueError(f"prompts must contain 'ddp' once, got {list(self.prompts)}")
+        if self.mix_low > self.mix_high:
+            raise ValueError(f"mix_low must be <= mix_high, got {self.mix_low} > {self.mix_high}")
+        if self.pd and not self.tdf and "similarity" in self.aux_strategy:
+            raise ValueError(
+                f"aux_strategy {self.aux_strategy!r} compares prompts and needs tdf: true; "
+                "use random or fixed_order without the TDF"
+            )
+        return self
+
+
+def _derangement(n: int, gen: torch.Generator) -> list[int]:
+    """A random permutation of ``range(n)`` without fixed points (``n >= 2``)."""
+    while True:
+        perm = torch.randperm(n, generator=gen).tolist()
+        if all(p != i for i, p in enumerate(perm)):
+            return perm
+
+
+def aux_mixing(
+    strategy: AuxStrategy,
+    affinity: torch.Tensor | None,
+    uploaded: list[int],
+    num_sites: int,
+    gen: torch.Generator,
+    include_self: bool = True,
+) -> torch.Tensor:
+    """``[N, N]`` weights: row i mixes the uploaded main decoders into site i's aux decoder.
+
+    Columns of sites that did not upload are zero; every row sums to 1. ``random`` deals the
+    uploaded decoders out as a derangement (sites that did not upload draw one uniformly);
+    ``fixed_order`` gives site i the decoder of the nearest uploaded predecessor in cyclic
+    order; ``highest_similarity`` the most similar other site; ``similarity_aggregated``
+    the affinity-weighted average (Eq. 9). A lone uploader gets its own decoder back.
+    """
+    mix = torch.zeros(num_sites, num_sites)
+    if not uploaded:
+        raise ConfigError("aux_mixing needs at least one uploaded decoder")
+    if affinity is None and strategy in ("highest_similarity", "similarity_aggregated"):
+        raise ConfigError(f"aux_strategy {strategy!r} needs the prompt affinity (tdf: true)")
+    if strategy == "random" and len(uploaded) > 1:
+        for i, p in zip(uploaded, _derangement(len(uploaded), gen), strict=True):
+            mix[i, uploaded[p]] = 1.0
+    for i in range(num_sites):
+        others = [j for j in uploaded if j != i] or [i]
+        if strategy == "random" and mix[i].sum() == 0:
+            mix[i, others[int(torch.randint(len(others), (1,), generator=gen))]] = 1.0
+        elif strategy == "fixed_order":
+            predecessors = [(i - d) % num_sites for d in range(1, num_sites + 1)]
+            mix[i, next(j for j in predecessors if j in others)] = 1.0
+        elif strategy == "highest_similarity" and affinity is not None:
+            mix[i, max(others, key=lambda j: (float(affinity[i, j]), -j))] = 1.0
+        elif strategy == "similarity_aggregated" and affinity is not None:
+            cand = [j for j in uploaded if include_self or j != i] or others
+            row = torch.tensor([float(affinity[i, j]) for j in cand])
+            row = row / row.sum() if row.sum() > 0 else torch.full((len(cand),), 1 / len(cand))
+            mix[i, cand] = row
+    return mix
+
+
+@register_method("fedlppa")
+class FedLPPA(Method):
+    """Personalized prompts (TDF), prompt-similarity dual decoder (PD), learnable aggregation
+    (LA). Reference: Lin et al., "FedLPPA: Learning Personalized Prompt and Aggregation for
+    Federated Weakly-supervised Medical Image Segmentation", IEEE TMI 2024.
+    """
+
+    Config = FedLPPAConfig
+    partition = Partition(download_only=("aux_decoder.*",))
+    personalized = True
+    summary = (
+        "FedLPPA: global encoder + TDF prompts, personal main/aux decoders with prompt-"
+        "similarity aux aggregation, learnable aggregation and dual-decoder pseudo labels"
+    )
+
+    def __init__(self, config: MethodConfig, spec: FederationSpec) -> None:
+        if not isinstance(config, FedLPPAConfig):
+            raise ConfigError(f"FedLPPA needs a FedLPPAConfig, got {type(config).__name__}")
+        super().__init__(config, spec)
+        self.cfg = config
+        if config.tdf and len(spec.image_size) != spec.ndim:
+            raise ConfigError(
+                f"FedLPPA's prompts need the federation's image size, got {spec.image_size}"
+            )
+
+    def build_model(self) -> nn.Module:
+        c, s = self.cfg, self.spec
+        return FedLPPANet(
+            s.in_channels,
+            s.num_classes,
+            image_size=s.image_size or (0,) * s.ndim,
+            num_sites=len(s.sites),
+            ndim=s.ndim,
+            tdf=c.tdf,
+            aux_decoder=c.pd,
+            ukp="ukp" in c.prompts,
+            asp="asp" in c.prompts,
+            fusion=c.fusion,
+            tdf_dropout=c.tdf_dropout,
+        )
+
+    def parts(self, model: nn.Module) -> ResolvedPartition:
+        if self._parts is None:
+            dl = self.partition.download_only if self.cfg.pd else ()
+            self._parts = Partition(download_only=dl).resolve(model)
+        return self._parts
+
+    # -- helpers ---------------------------------------------------------------------------
+    @staticmethod
+    def _personal(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The main and auxiliary decoder entries of ``tensors`` (detached copies)."""
+        return {k: v.detach().clone() for k, v in tensors.items() if k.startswith((*MAIN, AUX))}
+
+    @staticmethod
+    def _net(model: nn.Module) -> FedLPPANet:
+        if not isinstance(model, FedLPPANet):
+            raise ConfigError(f"FedLPPA needs its FedLPPANet, got {type(model).__name__}")
+        return model
+
+    def _loss(self, ctx: ClientContext, log: dict[str, float]) -> LossFn:
+        if not self.cfg.pd:
+            return segmentation_loss(ctx)
+        c, spec = self.cfg, ctx.spec
+
+        def loss(out: Any, labels: torch.Tensor) -> torch.Tensor:
+            value, parts = dual_decoder_loss(
+                out.main,
+                out.aux,
+                labels,
+                ignore_index=spec.ignore_index,
+                num_classes=spec.num_classes,
+                generator=ctx.generator,
+                lam=c.lam,
+                mix_low=c.mix_low,
+                mix_high=c.mix_high,
+            )
+            for k in ("sup", "pse"):
+                log[k] = log.get(k, 0.0) + parts[k]
+            log["n"] = log.get("n", 0.0) + 1
+            return value
+
+        return loss
+
+    # -- steps -----------------------------------------------------------------------------
+    def init_client(self, model: nn.Module, site: SiteSpec) -> State:
+        if not self.cfg.la:
+            return {}
+        dec = self._personal(model.state_dict())
+        keys = [k for k, p in model.named_parameters() if k in dec and p.requires_grad]
+        return {"decoders": dec, "la": init_weights(dec, keys), "la_started": False}
+
+    def client_step(self, payload: Payload, state: State, ctx: ClientContext) -> ClientResult:
+        c, model, site = self.cfg, self._net(ctx.model), ctx.site
+        model.load_state_dict(payload.tensors)
+        model.set_site(site.index, site.sparsity)
+        log: dict[str, float] = {}
+        loss = self._loss(ctx, log)
+        metrics: dict[str, float] = {}
+        new_state: State = {}
+        if c.la:
+            first = not state["la_started"]
+            res = train_weights(
+                model,
+                state["decoders"],
+                self._personal(payload.tensors),
+                state["la"],
+                ctx.batches,
+                lambda m, x, y: loss(m(x), y),
+                eta=c.la_eta,
+                steps=c.la_iters,
+                settle=first,
+                max_steps=c.la_max_iters,
+                window=c.la_window,
+                tol=c.la_tol,
+            )
+            w = torch.cat([v.flatten() for v in res.weights.values()])
+            metrics |= {"la_steps": float(res.steps), "la_weight_mean": float(w.mean())}
+            new_state = {"la": res.weights, "la_started": not first or not res.skipped}
+            log.clear()
+        metrics |= train_steps(model, ctx, loss_fn=loss)
+        metrics |= {k: v / log["n"] for k, v in log.items() if k != "n"}
+        self._keep_other_ddp_slots(model, payload, site.index)
+        sd = model.state_dict()
+        parts = self.parts(model)
+        if c.la:
+            new_state["decoders"] = self._personal(sd)
+        upload = Payload(parts.take(sd, parts.upload), num_examples=site.num_train)
+        return ClientResult(upload, new_state, metrics)
+
+    @staticmethod
+    def _keep_other_ddp_slots(model: FedLPPANet, payload: Payload, own: int) -> None:
+        """Only slot ``own`` of the DDP is this site's; undo weight decay on the others."""
+        if model.tdf is None:
+            return
+        ddp = model.tdf.ddp
+        with torch.no_grad():
+            mine = ddp[own].clone()
+            ddp.copy_(payload.tensors["tdf.ddp"])
+            ddp[own] = mine
+
+    def server_step(
+        self, uploads: Mapping[str, Payload], state: State, ctx: ServerContext
+    ) -> ServerResult:
+        glob = weighted_average(uploads, sample_weights(uploads))
+        names = ctx.spec.site_names
+        metrics: dict[str, Any] = {}
+        aff = None
+        if self.cfg.tdf:
+            slots = [s.index for s in ctx.spec.sites]  # DDP slot of each site, in site order
+            aff = prompt_affinity(glob["tdf.ddp"], glob.get("tdf.ukp"))[slots][:, slots]
+            metrics |= {"affinity": aff.tolist(), "affinity_sites": names}
+        if not self.cfg.pd:
+            payload = Payload(glob)
+            return ServerResult(dict.fromkeys(names, payload), state, metrics)
+        uploaded = [i for i, n in enumerate(names) if n in uploads]
+        mix = aux_mixing(
+            self.cfg.aux_strategy,
+            aff,
+            uploaded,
+            len(names),
+            ctx.generator,
+            self.cfg.aux_include_self,
+        )
+        metrics["aux_weights"] = mix.tolist()
+        dec_keys = [k for k in glob if k.startswith(MAIN[0])]
+        payloads = {}
+        for i, name in enumerate(names):
+            src = [j for j in uploaded if mix[i, j] > 0]
+            aux = average_state(
+                [uploads[names[j]].tensors for j in src], [float(mix[i, j]) for j in src], dec_keys
+            )
+            payloads[name] = Payload(
+                {**glob, **{AUX + k[len(MAIN[0]) :]: v for k, v in aux.items()}}
+            )
+        return ServerResult(payloads, state, metrics)
+
+    def eval_model(self, payload: Payload, state: State, ctx: ClientContext) -> nn.Module:
+        """The global encoder/TDF with the personal decoders merged by the learned weights."""
+        model = self._net(ctx.model)
+        model.load_state_dict(payload.tensors)
+        if self.cfg.la and state.get("decoders"):
+            merged = merge(state["decoders"], self._personal(payload.tensors), state["la"])
+            model.load_state_dict(merged, strict=False)
+        model.set_site(ctx.site.index, ctx.site.sparsity)
+        return model

@@ -1,0 +1,207 @@
+import math
+
+import pytest
+import torch
+
+from fedseg.engine.simulation import Simulation
+from fedseg.engine.sites import client_context
+from fedseg.errors import ConfigError
+from fedseg.methods import Payload, ServerContext, TrainSettings, get_method
+from fedseg.methods.aggregate import weighted_average
+from fedseg.methods.fedlppa import FedLPPAConfig, aux_mixing
+from fedseg.models.tdf import prompt_affinity
+from fedseg.testing import toy_federation
+
+FAST = TrainSettings(rounds=2, local_iters=2, batch_size=4, augment=False)
+
+
+def _method(spec, **config):
+    return get_method("fedlppa")(FedLPPAConfig(**config), spec)
+
+
+def _uploads(method, model, names, seed=0):
+    """Hand-made uploads: the model's upload keys shifted by a per-site constant."""
+    sd = model.state_dict()
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for i, name in enumerate(names):
+        t = {
+            k: sd[k] + (i + 1) * 0.1 if sd[k].is_floating_point() else sd[k].clone()
+            for k in method.parts(model).upload
+        }
+        t["tdf.ddp"] = torch.randn(sd["tdf.ddp"].shape, generator=g)
+        out[name] = Payload(t, num_examples=10 * (i + 1))
+    return out
+
+
+def _server(method, uploads, seed=0):
+    spec = method.spec
+    return method.server_step(
+        uploads, {}, ServerContext(spec, 0, FAST, torch.Generator().manual_seed(seed))
+    )
+
+
+# -- server side ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_random_never_gives_a_site_its_own_decoder(seed):
+    mix = aux_mixing("random", None, [0, 1, 2, 3], 5, torch.Generator().manual_seed(seed))
+    assert torch.equal(mix.sum(1), torch.ones(5)) and ((mix == 0) | (mix == 1)).all()
+    assert (torch.diag(mix) == 0).all()
+    assert (mix[:4, :4].sum(0) == 1).all()  # uploaded decoders are dealt out once each
+    assert (mix[:, 4] == 0).all()  # site 4 did not upload
+
+
+def test_fixed_order_and_highest_similarity():
+    fixed = aux_mixing("fixed_order", None, [0, 1, 2], 3, torch.Generator())
+    assert fixed.argmax(1).tolist() == [2, 0, 1]
+    skip = aux_mixing("fixed_order", None, [0, 2], 3, torch.Generator())  # site 1 missing
+    assert skip.argmax(1).tolist() == [2, 0, 0]
+    aff = torch.tensor([[1.0, 0.2, 0.7], [0.2, 1.0, 0.1], [0.7, 0.1, 1.0]])
+    hps = aux_mixing("highest_similarity", aff, [0, 1, 2], 3, torch.Generator())
+    assert hps.argmax(1).tolist() == [2, 0, 0]
+
+
+@pytest.mark.parametrize("include_self", [True, False])
+def test_similarity_aggregated_rows_are_normalised_affinities(include_self):
+    aff = torch.tensor([[1.0, 0.0, 0.5], [0.0, 1.0, 0.25], [0.5, 0.25, 1.0]])
+    mix = aux_mixing("similarity_aggregated", aff, [0, 1, 2], 3, torch.Generator(), include_self)
+    torch.testing.assert_close(mix.sum(1), torch.ones(3))
+    expect = aff if include_self else aff - torch.eye(3)
+    torch.testing.assert_close(mix, expect / expect.sum(1, keepdim=True))
+
+
+def test_server_averages_globals_and_builds_aux_from_main_decoders():
+    spec, _ = toy_federation(3, size=32)
+    method = _method(spec)
+    model = method.build_model()
+    uploads = _uploads(method, model, spec.site_names)
+    out = _server(method, uploads)
+    glob = weighted_average(uploads)
+    aff = prompt_affinity(glob["tdf.ddp"], glob["tdf.ukp"])
+    torch.testing.assert_close(torch.tensor(out.metrics["affinity"]), aff)
+    mix = torch.tensor(out.metrics["aux_weights"])
+    torch.testing.assert_close(mix, aff / aff.sum(1, keepdim=True))
+    key = "decoder.ups.0.reduce.weight"
+    for i, name in enumerate(spec.site_names):
+        p = out.payloads[name].tensors
+        torch.testing.assert_close(
+            p["encoder.blocks.0.0.weight"], glob["encoder.blocks.0.0.weight"]
+        )
+        torch.testing.assert_close(p[key], glob[key])  # phi_G: sample-weighted average
+        want = sum(mix[i, j] * uploads[n].tensors[key] for j, n in enumerate(spec.site_names))
+        torch.testing.assert_close(p["aux_" + key], want)
+        assert set(p) == set(model.state_dict())
+
+
+def test_server_random_strategy_payloads_differ_from_own_decoder():
+    spec, _ = toy_federation(3, size=32)
+    method = _method(spec, aux_strategy="random")
+    uploads = _uploads(method, method.build_model(), spec.site_names)
+    for seed in range(5):
+        out = _server(method, uploads, seed)
+        for name in spec.site_names:
+            aux = out.payloads[name].tensors["aux_decoder.head.weight"]
+            own = uploads[name].tensors["decoder.head.weight"]
+            assert not torch.allclose(aux, own)
+            assert any(torch.equal(aux, u.tensors["decoder.head.weight"]) for u in uploads.values())
+
+
+def test_without_pd_every_site_gets_the_global_model():
+    spec, _ = toy_federation(2, size=32)
+    method = _method(spec, pd=False)
+    model = method.build_model()
+    assert not any(k.startswith("aux_") for k in model.state_dict())
+    out = _server(method, _uploads(method, model, spec.site_names))
+    assert out.payloads["site0"] is out.payloads["site1"] and "affinity" in out.metrics
+
+
+# -- client side ----------------------------------------------------------------------------
+
+
+def _step(method, sites, payload, state, train=FAST, name="site1"):
+    model = method.build_model()
+    ctx = client_context(
+        sites[name],
+        method.spec,
+        train,
+        round_index=1,
+        seed=0,
+        model=model,
+        device=torch.device("cpu"),
+    )
+    return model, method.client_step(payload, state, ctx)
+
+
+@pytest.mark.parametrize("w", [1.0, 0.0])
+def test_la_weights_one_give_the_global_decoder_zero_the_local_one(w):
+    spec, sites = toy_federation(2, size=32)
+    method = _method(spec, la_eta=0.0)  # weights never move
+    model = method.build_model()
+    payload = method.init_server(model).payloads["site1"]
+    state = method.init_client(model, spec.sites[1])
+    prev = {k: v + 0.05 for k, v in state["decoders"].items()}  # last round's own decoders
+    weights = {k: torch.full_like(v, w) for k, v in state["la"].items()}
+    state = {"decoders": prev, "la": weights, "la_started": True}
+    _, res = _step(method, sites, payload, state, FAST.model_copy(update={"local_iters": 0}))
+    want = payload.tensors if w == 1.0 else prev
+    for k in ("decoder.ups.1.conv.0.weight", "mlp.net.0.weight", "decoder.head.bias"):
+        torch.testing.assert_close(res.upload.tensors[k], want[k])
+    for k in ("aux_decoder.ups.1.conv.0.weight", "aux_decoder.head.bias"):
+        torch.testing.assert_close(res.state["decoders"][k], want[k])
+
+
+def test_upload_holds_only_the_declared_keys_and_other_ddp_slots_are_untouched():
+    spec, sites = toy_federation(3, size=32)
+    method = _method(spec)
+    model = method.build_model()
+    payload = method.init_server(model).payloads["site1"]
+    _, res = _step(method, sites, payload, method.init_client(model, spec.sites[1]))
+    parts = method.parts(model)
+    keys = [k for k in model.state_dict() if not k.startswith("aux_decoder.")]
+    assert list(res.upload.tensors) == keys == list(parts.upload)
+    aux = sum(p.numel() for p in model.aux_decoder.parameters())
+    assert parts.count(res.upload.tensors) == parts.params()["total"] - aux
+    ddp_new, ddp_old = res.upload.tensors["tdf.ddp"], payload.tensors["tdf.ddp"]
+    assert torch.equal(ddp_new[[0, 2]], ddp_old[[0, 2]]) and not torch.equal(ddp_new[1], ddp_old[1])
+    assert math.isfinite(res.metrics["loss"]) and {"sup", "pse", "la_steps"} <= set(res.metrics)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="ddp"):
+        FedLPPAConfig(prompts=("ukp", "asp"))
+    with pytest.raises(ValueError, match="needs tdf"):
+        FedLPPAConfig(tdf=False)
+    with pytest.raises(ValueError, match="mix_low"):
+        FedLPPAConfig(mix_low=0.9, mix_high=0.8)
+    FedLPPAConfig(tdf=False, aux_strategy="fixed_order")
+    spec, _ = toy_federation(2, size=32)
+    with pytest.raises(ConfigError, match="image size"):
+        get_method("fedlppa")(FedLPPAConfig(), type(spec)(**{**spec.__dict__, "image_size": ()}))
+
+
+# -- end to end -----------------------------------------------------------------------------
+
+
+def test_simulation_trains_persists_la_weights_and_evaluates():
+    spec, sites = toy_federation(3, size=32)
+    method = _method(spec, la_eta=1e4, la_max_iters=2, la_iters=0)
+    sim = Simulation(method, sites, FAST.model_copy(update={"rounds": 3, "local_iters": 1}), seed=0)
+    records = [sim.round(0), sim.round(1)]
+    after1 = {n: {k: v.clone() for k, v in s["la"].items()} for n, s in sim.states.items()}
+    records.append(sim.round(2))
+    steps = [[c["la_steps"] for c in rec["clients"].values()] for rec in records]
+    assert steps == [[0, 0, 0], [2, 2, 2], [0, 0, 0]]  # skipped, settling phase, la_iters
+    for name, state in sim.states.items():
+        w = torch.cat([v.flatten() for v in state["la"].values()])
+        assert w.min() >= 0 and w.max() <= 1 and (w < 1).any()
+        assert state["la_started"]
+        for k, v in state["la"].items():  # kept from round 1: no LA step ran in round 2
+            assert torch.equal(v, after1[name][k])
+    aff = torch.tensor(records[-1]["server"]["affinity"])
+    assert aff.shape == (3, 3) and torch.allclose(torch.diag(aff), torch.ones(3))
+    results = sim.evaluate(regions={"fg": [1]})
+    for res in results.values():
+        assert res["cases"] == 4 and 0 <= res["metrics"]["dsc"]["fg"] <= 1
+    assert all(math.isfinite(c["loss"]) for rec in records for c in rec["clients"].values())
