@@ -1,0 +1,17 @@
+"""Real multi-site federation on Flower: the same method code as the in-process engine.
+
+* :mod:`~fedseg.engine.flower.records`: payloads, specs and metrics as Flower records.
+* :mod:`~fedseg.engine.flower.site`: a site's side (its data, private state, client steps);
+  :mod:`~fedseg.engine.flower.site_state` keeps the private state on the site's disk.
+* :mod:`~fedseg.engine.flower.coordinator`: the server's global state, upload validation and
+  server step; :mod:`~fedseg.engine.flower.federation`: the round loop and run directory over
+  any :class:`~fedseg.engine.flower.federation.Link`.
+* :mod:`~fedseg.engine.flower.server_app` / :mod:`~fedseg.engine.flower.client_app`: the
+  Flower ``ServerApp`` (with the Grid link) and ``ClientApp``.
+* :mod:`~fedseg.engine.flower.launcher`: a SuperLink and SuperNodes on loopback;
+  :mod:`~fedseg.engine.flower.cli`: ``fedseg flower``; :mod:`~fedseg.engine.flower.privacy`:
+  what leaves a site; :mod:`~fedseg.engine.flower.tls`: pilot certificates and node keys.
+
+Importing this package (or the CLI module) does not import Flower; the other modules need
+the ``flower`` extra (``pip install 'fedseg[flower]'``).
+"""

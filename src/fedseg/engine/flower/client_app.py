@@ -1,0 +1,55 @@
+"""Flower ``ClientApp``: a site answers ``query.hello``, ``train`` and ``evaluate`` messages.
+
+The handlers live in :mod:`fedseg.engine.flower.site`; this module only unwraps messages and
+turns fedseg errors into Flower error replies whose reason the server logs and records.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
+
+from fedseg.engine.flower.logs import configure_logging
+from fedseg.engine.flower.site import handle_evaluate, handle_hello, handle_train
+from fedseg.errors import FedsegError
+
+__all__ = ["app"]
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[RecordDict, Mapping[str, Any], Mapping[str, Any]], RecordDict]
+
+app = ClientApp()
+
+
+def _reply(msg: Message, context: Context, handler: Handler) -> Message:
+    configure_logging()
+    try:
+        body = handler(msg.content, context.node_config, context.run_config)
+    except FedsegError as e:
+        log.error("%s failed: %s", msg.metadata.message_type, e.reason)
+        return Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, e.reason), reply_to=msg)
+    return Message(body, reply_to=msg)
+
+
+@app.query("hello")
+def hello(msg: Message, context: Context) -> Message:
+    """Introduce this site to the server."""
+    return _reply(msg, context, handle_hello)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """One client step of the configured method."""
+    return _reply(msg, context, handle_train)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    """Evaluate this site's model on its own test split."""
+    return _reply(msg, context, handle_evaluate)

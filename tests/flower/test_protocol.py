@@ -1,0 +1,202 @@
+"""The Flower engine's server and site logic, driven in-process through a direct link."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from flower_helpers import assert_same_metrics, direct_link, make_config
+
+from fedseg.engine.flower.federation import FederationServer
+from fedseg.engine.flower.records import ARRAYS, read_meta
+from fedseg.engine.runner import InProcessRunner
+from fedseg.errors import ConfigError, FedsegError
+
+pytestmark = pytest.mark.flower
+
+
+@pytest.mark.parametrize("method", ["fedavg", "fedbn"])
+def test_direct_federation_equals_in_process_run(federation: Path, tmp_path: Path, method: str):
+    cfg = make_config(federation, method)
+    ref = InProcessRunner(cfg, tmp_path / "inproc").run()
+    link, st = direct_link(cfg, federation, tmp_path / "flower")
+    res = FederationServer(cfg, st, link).run()
+    assert list(res["sites"]) == ["A", "B"]
+    assert_same_metrics(res["sites"], ref["sites"], 1e-5)
+    assert res["params"] == ref["params"]
+    run, inproc = tmp_path / "flower", tmp_path / "inproc"
+    files = {str(p.relative_to(inproc)) for p in inproc.rglob("*") if p.is_file()}
+    assert files >= {"config.yaml", "rounds.jsonl", "results.json", "checkpoints/last.pt"}
+    assert all((run / f).is_file() for f in files)  # every file of an in-process run
+    assert (run / "config.yaml").read_text() == (tmp_path / "inproc" / "config.yaml").read_text()
+    ours = [json.loads(x) for x in (run / "rounds.jsonl").read_text().splitlines()]
+    theirs = [json.loads(x) for x in (tmp_path / "inproc/rounds.jsonl").read_text().splitlines()]
+    assert [r["participants"] for r in ours] == [["A", "B"]] * 2
+    assert all(r["failures"] == {} for r in ours)
+    for a, b in zip(ours, theirs, strict=True):
+        for s in ("A", "B"):
+            assert a["clients"][s]["loss"] == pytest.approx(b["clients"][s]["loss"], abs=1e-6)
+    ck_ours = torch.load(run / "checkpoints/last.pt", weights_only=False)
+    ck_ref = torch.load(tmp_path / "inproc/checkpoints/last.pt", weights_only=False)
+    for s in ("A", "B"):
+        for k, v in ck_ref["payloads"][s]["tensors"].items():
+            torch.testing.assert_close(ck_ours["payloads"][s]["tensors"][k], v)
+    # private state stayed on the sites' disks, one file per kept round
+    for s in ("A", "B"):
+        saved = sorted((run / "sites" / s).glob("*/round-*.pt"))
+        assert [p.name for p in saved] == ["round-00000.pt", "round-00001.pt"]
+        state = torch.load(saved[-1], weights_only=False)
+        ref_state = ck_ref["client_states"][s]
+        for k, v in ref_state.get("weights", {}).items():
+            torch.testing.assert_close(state["weights"][k], v)
+
+
+def test_site_failure_is_recorded_and_the_site_rejoins(federation: Path, tmp_path: Path):
+    cfg = make_config(federation, "fedbn", rounds=3)
+    link, st = direct_link(cfg, federation, tmp_path, min_sites=1)
+    server = FederationServer(cfg, st, link)
+    original = server.round
+
+    def flaky(r: int) -> dict:
+        link.down = {"B"} if r == 1 else set()
+        return original(r)
+
+    server.round = flaky  # type: ignore[method-assign]
+    res = server.run()
+    rounds = [json.loads(x) for x in (tmp_path / "rounds.jsonl").read_text().splitlines()]
+    assert [r["participants"] for r in rounds] == [["A", "B"], ["A"], ["A", "B"]]
+    assert set(rounds[1]["failures"]) == {"B"}
+    assert res["participation"] == {"A": 3, "B": 2}
+    assert set(res["sites"]) == {"A", "B"}
+
+
+def test_too_few_replies_stop_the_run_and_resume_continues(federation: Path, tmp_path: Path):
+    cfg = make_config(federation, "fedavg", rounds=2)
+    link, st = direct_link(cfg, federation, tmp_path, min_sites=2, retries=1)
+    server = FederationServer(cfg, st, link)
+    original = server.round
+
+    def crash_in_round_two(r: int) -> dict:
+        link.down = {"B"} if r == 1 else set()
+        return original(r)
+
+    server.round = crash_in_round_two  # type: ignore[method-assign]
+    with pytest.raises(FedsegError, match="fewer than 2 valid uploads in 2 attempts"):
+        server.run()
+    assert [
+        json.loads(x)["round"] for x in (tmp_path / "rounds.jsonl").read_text().splitlines()
+    ] == [0]
+    sent = [k for k in link.sent if k[0] == "train"]
+    assert sent.count(("train", "A")) == 3  # round 1 once, round 2 twice (retried)
+
+    # the site is back: resume from the checkpoint after round 1
+    link2, st2 = direct_link(cfg, federation, tmp_path, min_sites=2, resume=True)
+    res = FederationServer(cfg, st2, link2).run()
+    rounds = [json.loads(x) for x in (tmp_path / "rounds.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rounds] == [0, 1]
+    assert [r["participants"] for r in rounds] == [["A", "B"], ["A", "B"]]
+    ref = InProcessRunner(cfg, tmp_path / "inproc").run()
+    for s in ("A", "B"):
+        assert res["sites"][s]["dsc"] == pytest.approx(ref["sites"][s]["dsc"], abs=1e-5)
+
+
+def _corrupt(kind: str):
+    def fix(body):
+        arrays = body[ARRAYS]
+        key = next(iter(arrays))
+        sd = arrays.to_torch_state_dict()
+        if kind == "nan":
+            sd[key] = sd[key].clone().fill_(float("nan"))
+        elif kind == "shape":
+            sd[key] = torch.zeros(3, 3)
+        elif kind == "dtype":
+            sd[key] = sd[key].double()
+        else:
+            sd["evil.extra"] = torch.zeros(1)
+        from flwr.app import ArrayRecord
+
+        body[ARRAYS] = ArrayRecord(sd)
+        return body
+
+    return fix
+
+
+@pytest.mark.parametrize("kind", ["nan", "shape", "dtype", "unknown_key"])
+def test_malformed_upload_is_rejected_and_leaves_the_model_untouched(
+    federation: Path, tmp_path: Path, kind: str
+):
+    cfg = make_config(federation, "fedavg", rounds=1)
+    link, st = direct_link(cfg, federation, tmp_path, min_sites=1)
+    link.tamper["B"] = _corrupt(kind)
+    server = FederationServer(cfg, st, link)
+    server.start()
+    assert server.coord is not None
+    record = server.round(0)
+    assert record["participants"] == ["A"]
+    assert record["failures"]["B"].startswith("rejected upload")
+    # the global model is A's upload alone (FedAvg over one site), never the corrupt one
+    ck_link, ck_st = direct_link(cfg, federation, tmp_path / "alone", min_sites=1)
+    alone = FederationServer(cfg, ck_st, ck_link)
+    alone.start()
+    ck_link.down = {"B"}
+    alone.round(0)
+    for k, v in alone.coord.payloads["A"].tensors.items():  # type: ignore[union-attr]
+        torch.testing.assert_close(server.coord.payloads["A"].tensors[k], v)
+        assert torch.isfinite(server.coord.payloads["B"].tensors[k].float()).all()
+
+
+def test_all_uploads_malformed_keeps_the_initial_model(federation: Path, tmp_path: Path):
+    cfg = make_config(federation, "fedavg", rounds=1)
+    link, st = direct_link(cfg, federation, tmp_path, min_sites=1, retries=0)
+    link.tamper = {"A": _corrupt("nan"), "B": _corrupt("shape")}
+    server = FederationServer(cfg, st, link)
+    server.start()
+    before = {k: v.clone() for k, v in server.coord.payloads["A"].tensors.items()}  # type: ignore[union-attr]
+    with pytest.raises(FedsegError, match="valid uploads"):
+        server.round(0)
+    for k, v in before.items():
+        torch.testing.assert_close(server.coord.payloads["A"].tensors[k], v)  # type: ignore[union-attr]
+
+
+def test_reply_for_another_round_or_site_is_rejected(federation: Path, tmp_path: Path):
+    cfg = make_config(federation, "fedavg", rounds=1)
+    link, st = direct_link(cfg, federation, tmp_path, min_sites=1)
+
+    def wrong_round(body):
+        from flwr.app import ConfigRecord
+
+        meta = read_meta(body)
+        body["fedseg"] = ConfigRecord({**meta, "round": 7})
+        return body
+
+    link.tamper["B"] = wrong_round
+    server = FederationServer(cfg, st, link)
+    server.start()
+    record = server.round(0)
+    assert "round" in record["failures"]["B"] and record["participants"] == ["A"]
+
+
+def test_sites_must_be_declared_and_agree(federation: Path, tmp_path: Path):
+    cfg = make_config(federation, "fedavg").model_copy(
+        update={"data": make_config(federation).data.model_copy(update={"sites": None})}
+    )
+    link, st = direct_link(cfg, federation, tmp_path)
+    with pytest.raises(ConfigError, match="sites declared"):
+        FederationServer(cfg, st, link).run()
+
+
+def test_pooled_method_is_refused(federation: Path, tmp_path: Path):
+    cfg = make_config(federation, "centralized")
+    link, st = direct_link(cfg, federation, tmp_path)
+    with pytest.raises(ConfigError, match="pooled"):
+        FederationServer(cfg, st, link).run()
+
+
+def test_missing_site_times_out_with_a_clear_error(federation: Path, tmp_path: Path):
+    cfg = make_config(federation, "fedavg")
+    link, st = direct_link(cfg, federation, tmp_path)
+    link.down = {"B"}
+    with pytest.raises(FedsegError, match=r"only 1 of the sites \['A', 'B'\] are connected"):
+        FederationServer(cfg, st, link).run()
