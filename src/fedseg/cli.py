@@ -27,12 +27,16 @@ err = Console(stderr=True)
 
 def _mount_subapps() -> None:
     from fedseg.data.cli import app as data_app
+    from fedseg.engine.flower.cli import app as flower_app
 
     app.add_typer(data_app, name="data", help="Create, import, check and preview federations.")
+    app.add_typer(flower_app, name="flower", help="Run a real federation on Flower.")
 
 
 def _logging(run_dir: Path | None, verbose: bool) -> None:
-    handlers: list[logging.Handler] = [RichHandler(console=err, show_path=False, show_time=False)]
+    rich_handler = RichHandler(console=err, show_path=False, show_time=False)
+    rich_handler.setFormatter(logging.Formatter("%(message)s"))
+    handlers: list[logging.Handler] = [rich_handler]
     if run_dir is not None:
         run_dir.mkdir(parents=True, exist_ok=True)
         fh = logging.FileHandler(run_dir / "run.log")

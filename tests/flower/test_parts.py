@@ -222,3 +222,10 @@ def test_cli_commands(federation: Path, tmp_path: Path):
     cfg.write_text(json.dumps(make_config(federation).model_dump(mode="json")))
     res = runner.invoke(flower_cli, ["server", str(cfg), "--superlink", "127.0.0.1:1"])
     assert res.exit_code == 2 and "--insecure" in res.output
+
+
+def test_deployment_doc_privacy_table_is_current():
+    """docs/deployment.md must list every registered method with current counts; regenerate
+    with `fedseg flower privacy-table --write docs/deployment.md`."""
+    doc = (Path(__file__).parents[2] / "docs" / "deployment.md").read_text()
+    assert privacy_table() in doc
