@@ -94,8 +94,31 @@ def run(
             )
     except FedsegError as e:
         _fail(e)
-    console.print(runner.dir.results_md.read_text(), markup=False)
-    console.print(f"run directory: {run_dir}  (params {results['params']})")
+    console.print(_results_table(results))
+    p = results["params"]
+    console.print(
+        f"params: total {p['total']:,}, upload {p['upload']:,}, download {p['download']:,}  |  "
+        f"all metrics: {runner.dir.results_md}"
+    )
+
+
+def _results_table(results: dict) -> Table:
+    """DSC (%) and HD95 per site and region, as in the papers' tables."""
+    from fedseg.reporting.results import fmt
+
+    regions = list(results["average"]["dsc"])
+    table = Table(title=f"{results['method']} ({results['labels']} labels)")
+    table.add_column("site")
+    table.add_column("n", justify="right")
+    for m in ("DSC", "HD95"):
+        for r in regions:
+            table.add_column(f"{m} {r}", justify="right")
+    rows = [(s, str(results["cases"][s]), v) for s, v in results["sites"].items()]
+    rows.append(("Average", "", results["average"]))
+    for name, n, v in rows:
+        cells = [fmt(v[m][r], m) for m in ("dsc", "hd95") for r in regions]
+        table.add_row(name, n, *cells, style="bold" if name == "Average" else None)
+    return table
 
 
 @app.command()

@@ -58,8 +58,11 @@ class EngineSettings(_Strict):
     name: Literal["inprocess"] = "inprocess"
     device: str = "auto"
     """``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``."""
-    checkpoint_every: int = 1
+    checkpoint_every: int = Field(1, ge=1)
     """Write the resumable checkpoint every N rounds (the last round always)."""
+    threads: int = Field(0, ge=0)
+    """CPU threads for torch (0: torch's default). Use 1 when other jobs share the CPU:
+    oversubscribed threads slow training down many times over."""
 
 
 class RunConfig(_Strict):

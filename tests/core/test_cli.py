@@ -27,7 +27,7 @@ def test_run_then_report(tmp_path):
     for m in ("fedavg", "local"):
         res = runner.invoke(app, ["run", str(_config(tmp_path, m)), "--out", str(tmp_path / m)])
         assert res.exit_code == 0, res.output
-        assert "| **Average**" in res.output
+        assert "Average" in res.output and "DSC cup" in res.output
     res = runner.invoke(
         app,
         [

@@ -42,6 +42,8 @@ class InProcessRunner:
         self.cfg = cfg
         self.dir = RunDir(run_dir)
         self.device = resolve_device(cfg.engine.device)
+        if cfg.engine.threads:
+            torch.set_num_threads(cfg.engine.threads)
 
     def setup(self) -> Simulation:
         """Load (or synthesize) the data and build the method and its simulation."""
