@@ -13,7 +13,9 @@ TRAIN = TrainSettings(rounds=2, local_iters=3, batch_size=4, augment=False)
 
 @pytest.mark.parametrize("name", list_methods())
 def test_method_runs_two_rounds_and_evaluates(name):
-    spec, sites = toy_federation(3, with_val=True, labels="full" if name == "centralized" else "weak")
+    spec, sites = toy_federation(
+        3, with_val=True, labels="full" if name == "centralized" else "weak"
+    )
     cls = get_method(name)
     method = cls(cls.Config(), Simulation.method_spec(cls, spec, sites))
     sim = Simulation(method, sites, TRAIN, seed=0)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 import torch
-from fedseg.losses import DiceBCELoss, PartialCrossEntropy, SoftDiceLoss
 from torch import nn
 
+from fedseg.losses import DiceBCELoss, PartialCrossEntropy, SoftDiceLoss
 from fedseg.methods.base import ClientContext
 
 __all__ = ["LossFn", "make_optimizer", "segmentation_loss", "train_steps"]
