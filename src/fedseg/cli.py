@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from fedseg.console import console, err, fail
 from fedseg.errors import FedsegError
 
 app = typer.Typer(
@@ -21,8 +21,6 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-console = Console()
-err = Console(stderr=True)
 
 
 def _mount_subapps() -> None:
@@ -45,11 +43,6 @@ def _logging(run_dir: Path | None, verbose: bool) -> None:
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO, handlers=handlers, force=True
     )
-
-
-def _fail(e: FedsegError) -> None:
-    err.print(f"[bold red]error:[/] {e.reason}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
 
 
 @app.command()
@@ -93,7 +86,7 @@ def run(
                 on_round=lambda rec: bar.update(task, completed=rec["round"] + 1),
             )
     except FedsegError as e:
-        _fail(e)
+        fail(e)
     console.print(_results_table(results))
     p = results["params"]
     console.print(
@@ -154,7 +147,7 @@ def report(
                 text += f"\n### {d}\n\n{affinity_table(d)}"
             text += "".join(f"\nFigure: {f}\n" for f in figures)
     except FedsegError as e:
-        _fail(e)
+        fail(e)
     if out:
         out.write_text(text)
         console.print(f"wrote {out}")

@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from fedseg.console import console, err, handled
 from fedseg.data.manifest import ANNOTATIONS, Manifest
-from fedseg.errors import DataError, FedsegError
+from fedseg.errors import DataError
 
 __all__ = ["app"]
 
@@ -22,8 +22,6 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-console = Console()
-err = Console(stderr=True)
 
 SiteAnnotations = Annotated[
     list[str] | None,
@@ -48,16 +46,6 @@ Classes = Annotated[
 ]
 Task = Annotated[str, typer.Option(help="Task name written into the manifest.")]
 Modality = Annotated[str, typer.Option(help="Modality written into the manifest.")]
-
-
-@contextmanager
-def _handled() -> Iterator[None]:
-    """Print a FedsegError's reason and exit with status 2 (like the main ``fedseg`` app)."""
-    try:
-        yield
-    except FedsegError as e:
-        err.print(f"[bold red]error:[/] {e.reason}", highlight=False)
-        raise typer.Exit(2) from None
 
 
 @contextmanager
@@ -129,7 +117,7 @@ def synth(
     from fedseg.data.synth import synthesize
     from fedseg.data.weak import generate_weak_labels
 
-    with _handled():
+    with handled():
         try:
             fractions = [float(v) for v in split.split(",")]
         except ValueError:
@@ -162,7 +150,7 @@ def weak_labels_cmd(
     """(Re)generate weak labels from the full masks; images are never rewritten."""
     from fedseg.data.weak import generate_weak_labels
 
-    with _handled():
+    with handled():
         overrides = _assignments(annotation, "--annotation")
         with _progress("weak labels") as progress:
             m = generate_weak_labels(
@@ -182,7 +170,7 @@ def check(
     """List every problem of a federation folder; exit status 1 if there is any."""
     from fedseg.data.federation import FederatedDataset
 
-    with _handled():
+    with handled():
         if labels not in ("full", "weak"):
             raise DataError(f"--labels must be 'full' or 'weak', got {labels!r}")
         fed = FederatedDataset.open(root)
@@ -207,7 +195,7 @@ def preview(
     """Save PNG overlays per site: image | full mask | weak label."""
     from fedseg.data.preview import preview as make_preview
 
-    with _handled(), _progress("preview") as progress:
+    with handled(), _progress("preview") as progress:
         paths = make_preview(root, out, n=n, split=split, progress=progress)
     for p in paths:
         console.print(f"wrote {p}", highlight=False)
@@ -236,7 +224,7 @@ def import_h5_cmd(
     """Import the FedLPPA authors' h5 layout (unlabeled = number of classes -> 255)."""
     from fedseg.data.importers import import_h5
 
-    with _handled(), _progress("importing h5") as progress:
+    with handled(), _progress("importing h5") as progress:
         m = import_h5(
             src,
             out,
@@ -281,7 +269,7 @@ def import_folder_cmd(
     from fedseg.data.importers import import_folder
     from fedseg.data.importers.common import parse_levels
 
-    with _handled():
+    with handled():
         regions = {
             k: _ints(v, f"--region {k}") for k, v in _assignments(region, "--region").items()
         }
@@ -341,7 +329,7 @@ def import_nifti_cmd(
     from fedseg.data.importers import import_nifti
     from fedseg.data.importers.common import parse_levels
 
-    with _handled():
+    with handled():
         dims = _sizes(shape, 2 if mode == "2d" else 3, "--shape")
         with _progress("importing volumes") as progress:
             result = import_nifti(

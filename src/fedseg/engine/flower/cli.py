@@ -14,16 +14,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
+from fedseg.console import console, err, fail
 from fedseg.errors import ConfigError, FedsegError
 
 app = typer.Typer(
     help="Multi-site federation on Flower (SuperLink + one SuperNode per site).",
     no_args_is_help=True,
 )
-console = Console()
-err = Console(stderr=True)
 
 Overrides = Annotated[list[str] | None, typer.Option("--set", help="Override: key.sub=value.")]
 MinSites = Annotated[
@@ -32,11 +30,6 @@ MinSites = Annotated[
 RoundTimeout = Annotated[float, typer.Option(help="Seconds to wait for a round's replies.")]
 JoinTimeout = Annotated[float, typer.Option(help="Seconds to wait for sites to connect.")]
 Retries = Annotated[int, typer.Option(help="Extra attempts of a round that got too few replies.")]
-
-
-def _fail(e: FedsegError) -> None:
-    err.print(f"[bold red]error:[/] {e.reason}", highlight=False)
-    raise typer.Exit(2)
 
 
 def _logging(verbose: bool) -> None:
@@ -132,7 +125,7 @@ def local(
                 on_line=lambda line: err.print(line, markup=False, highlight=False),
             )
     except FedsegError as e:
-        _fail(e)
+        fail(e)
     _print_results(run_dir)
 
 
@@ -187,7 +180,7 @@ def server(
         if code:
             raise FedsegError(f"flwr run exited with code {code}")
     except FedsegError as e:
-        _fail(e)
+        fail(e)
     if run_dir.exists():
         _print_results(run_dir)
 
@@ -225,7 +218,7 @@ def site(
             device=device, threads=threads,
         )  # fmt: skip
     except FedsegError as e:
-        _fail(e)
+        fail(e)
     security = ["--insecure"] if insecure else ["--root-certificates", str(root_certificates)]
     argv = [
         "flower-supernode", *security, "--superlink", superlink, "--host", "127.0.0.1",
@@ -236,7 +229,7 @@ def site(
     env = process_env()  # no telemetry or update checks from a hospital network by default
     exe = shutil.which("flower-supernode", path=env["PATH"])
     if exe is None:
-        _fail(ConfigError("flower-supernode not found; install fedseg with the flower extra"))
+        fail(ConfigError("flower-supernode not found; install fedseg with the flower extra"))
     err.print(f"site {name}: data {cfg.data_dir}, private state {cfg.state_root}")
     os.execve(str(exe), argv, env)
 
@@ -258,7 +251,7 @@ def privacy_table_cmd(
     try:
         update_markdown(write, table)
     except FedsegError as e:
-        _fail(e)
+        fail(e)
     console.print(f"updated {write}")
 
 
@@ -273,7 +266,7 @@ def split_data(
     try:
         folders = split_federation(root, out)
     except FedsegError as e:
-        _fail(e)
+        fail(e)
     for name, folder in folders.items():
         console.print(f"{name}: {folder}")
 
