@@ -91,3 +91,18 @@ def test_engine_rejects_malformed_upload():
     for payload, msg in bad:
         with pytest.raises(UploadError, match=msg):
             validate_upload("a", payload, template)
+
+
+def test_centralized_makes_as_many_steps_as_the_federation():
+    spec, sites = toy_federation(3, labels="full")
+    cls = get_method("centralized")
+    steps = {}
+    for match in (True, False):
+        method = cls(
+            cls.Config(match_federation_steps=match), Simulation.method_spec(cls, spec, sites)
+        )
+        assert method.spec.pooled_sites == 3
+        sim = Simulation(method, sites, TRAIN, seed=0)
+        ctx = sim.context(sim.train_sites["pooled"], 0)
+        steps[match] = method.iterations(ctx)
+    assert steps == {True: 3 * TRAIN.local_iters, False: TRAIN.local_iters}

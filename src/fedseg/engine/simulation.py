@@ -99,7 +99,8 @@ class Simulation:
         """The spec a method sees: the real sites, or the one pooled site for CT."""
         if not method_cls.pooled:
             return spec
-        return FederationSpec(**{**asdict(spec), "sites": (pooled_site(dict(sites)).spec,)})
+        pooled = pooled_site(dict(sites)).spec
+        return FederationSpec(**{**asdict(spec), "sites": (pooled,), "pooled_sites": len(sites)})
 
     @property
     def params(self) -> dict[str, int]:

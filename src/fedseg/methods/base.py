@@ -90,6 +90,8 @@ class FederationSpec:
     """``weak`` or ``full``."""
     sites: tuple[SiteSpec, ...]
     image_size: tuple[int, ...] = ()
+    pooled_sites: int = 0
+    """How many real sites were merged into the one pooled site (0: not pooled)."""
 
     @property
     def site_names(self) -> list[str]:

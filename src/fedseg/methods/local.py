@@ -8,6 +8,7 @@ from fedseg.methods.base import (
     ClientContext,
     ClientResult,
     Method,
+    MethodConfig,
     Payload,
     ServerContext,
     ServerResult,
@@ -30,7 +31,7 @@ class LocalOnly(Method):
 
     def client_step(self, payload: Payload, state: State, ctx: ClientContext) -> ClientResult:
         self.load(ctx.model, payload, state)
-        metrics = train_steps(ctx.model, ctx)
+        metrics = train_steps(ctx.model, ctx, iters=self.iterations(ctx))
         _, private = self.split(ctx.model)
         return ClientResult(Payload(num_examples=ctx.site.num_train), private, metrics)
 
@@ -39,11 +40,26 @@ class LocalOnly(Method):
     ) -> ServerResult:
         return ServerResult({s.name: Payload() for s in ctx.spec.sites}, state)
 
+    def iterations(self, ctx: ClientContext) -> int:
+        """Optimiser steps of one round."""
+        return ctx.train.local_iters
+
+
+class CentralizedConfig(MethodConfig):
+    match_federation_steps: bool = True
+    """Train ``local_iters`` x (number of pooled sites) steps per round: as many optimiser
+    steps as the whole federation makes with the same config (False: ``local_iters``)."""
+
 
 @register_method("centralized")
 class Centralized(LocalOnly):
     """CT: one model trained on the union of all sites' training data (an upper bound)."""
 
+    Config = CentralizedConfig
     personalized = False
     pooled = True
     summary = "CT: centralized training on pooled data, evaluated on every site's test split"
+
+    def iterations(self, ctx: ClientContext) -> int:
+        scale = max(ctx.spec.pooled_sites, 1) if self.config.match_federation_steps else 1
+        return ctx.train.local_iters * scale
