@@ -1,8 +1,10 @@
+import pytest
 import torch
 
 from fedseg.engine.simulation import Simulation
+from fedseg.losses_weak import GatedCRFLoss
 from fedseg.methods import TrainSettings, get_method
-from fedseg.methods.fedicra import FedICRA, _Objective, ala_decoder_keys
+from fedseg.methods.fedicra import FedICRA, _CRFAtScale, _Objective, ala_decoder_keys
 from fedseg.models.fedicra_net import FedICRANet
 from fedseg.testing import toy_federation
 
@@ -11,8 +13,8 @@ HEAD = {"decoder.head.weight", "decoder.head.bias"}
 FAST = {"aux_hidden": 8, "body_iters": 1, "ala_max_passes": 2, "ala_window": 1}
 
 
-def _sim(sites: int = 2, train: TrainSettings = TRAIN, **cfg) -> Simulation:
-    spec, data = toy_federation(sites, n_train=4, size=16)
+def _sim(sites: int = 2, train: TrainSettings = TRAIN, size: int = 16, **cfg) -> Simulation:
+    spec, data = toy_federation(sites, n_train=4, size=size)
     return Simulation(FedICRA(FedICRA.Config(**{**FAST, **cfg}), spec), data, train, seed=0)
 
 
@@ -118,3 +120,35 @@ def test_only_shared_parameters_leave_a_site():
     assert set(res.state["weights"]) == set(parts.private)
     shared = FedICRA(FedICRA.Config(pcs_shared=True), sim.method.spec)
     assert not shared.parts(sim.model).private
+
+
+def _disc(side: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A dark disc (radius side/8) on a bright image and its one-hot mask, [1, C, side, side]."""
+    r = torch.arange(side, dtype=torch.float32) - side / 2
+    inside = (r[:, None] ** 2 + r[None, :] ** 2) < (side / 8) ** 2
+    image = (~inside).float()[None, None]
+    return image, torch.stack([~inside, inside]).float()[None]
+
+
+def test_crf_kernel_is_scaled_to_the_image_side_only_with_a_reference_size():
+    assert _CRFAtScale(5, 6.0, None).kernel(48) == (5, 6.0)
+    assert _CRFAtScale(5, 6.0, 256).kernel(256) == (5, 6.0)
+    radius, xy = _CRFAtScale(5, 6.0, 256).kernel(48)
+    assert radius == 1 and xy == pytest.approx(1.125)
+    # the paper's pixel kernel penalises the same correct mask far more on a small image
+    # (the cause of the collapse to background at 48 px); scaled, it does not
+    literal = [float(GatedCRFLoss(5)(m, i)) for i, m in map(_disc, (32, 128))]
+    assert literal[0] > 2 * literal[1] > 0
+    scaled = _CRFAtScale(5, 6.0, 128)
+    assert float(scaled(*reversed(_disc(32)))) <= literal[1]
+
+
+def test_trained_model_predicts_foreground_with_the_size_scaled_crf():
+    """Regression: with the paper's 256-px CRF kernel on 32-px images, FedICRA collapsed to
+    all-background predictions (DSC 0 at every site) while FedAvg segmented."""
+    train = TrainSettings(rounds=3, local_iters=6, batch_size=4, augment=False, lr=0.005)
+    sim = _sim(train=train, size=32, body_iters=2, crf_ref_size=256)
+    for r in range(train.rounds):
+        sim.round(r)
+    dsc = [v["metrics"]["dsc"]["fg"] for v in sim.evaluate({"fg": [1]}).values()]
+    assert min(dsc) > 0.05 and sum(dsc) / len(dsc) > 0.3, dsc

@@ -49,6 +49,29 @@ class _Objective(nn.Module):
         return out, contrast_loss(self.net.pcs, out.hmap, out.bottleneck.detach(), self.site), x
 
 
+class _CRFAtScale:
+    """The gated CRF loss with its window and spatial bandwidth given in pixels of an image of
+    side ``ref`` and scaled to the side of the images it sees (unscaled when ``ref`` is None)."""
+
+    def __init__(self, radius: int, xy: float, ref: int | None) -> None:
+        self.radius, self.xy, self.ref = radius, xy, ref
+        self._cache: dict[int, GatedCRFLoss] = {}
+
+    def kernel(self, side: int) -> tuple[int, float]:
+        """(radius, sigma_xy) for images of side ``side``."""
+        if self.ref is None:
+            return self.radius, self.xy
+        k = side / self.ref
+        return max(1, round(self.radius * k)), self.xy * k
+
+    def __call__(self, probs: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
+        side = max(probs.shape[-2:])
+        if side not in self._cache:
+            radius, xy = self.kernel(side)
+            self._cache[side] = GatedCRFLoss(radius=radius, sigma_xy=xy)
+        return self._cache[side](probs, image)
+
+
 @register_method("fedicra")
 class FedICRA(PCSMethod):
     """Each site's one-hot prompt drives a channel selection on the encoder (private); the
@@ -75,7 +98,12 @@ class FedICRA(PCSMethod):
         crf_weight: float = Field(0.1, ge=0)
         """Weight of the gated CRF loss (kernel: xy 6, rgb 0.1, radius 5)."""
         crf_radius: int = Field(5, ge=1)
-        """Window radius of the gated CRF loss."""
+        """Window radius of the gated CRF loss, in pixels (of ``crf_ref_size`` if set)."""
+        crf_xy: float = Field(6.0, gt=0)
+        """Spatial bandwidth of the gated CRF kernel, in pixels (of ``crf_ref_size`` if set)."""
+        crf_ref_size: int | None = Field(256, ge=1)
+        """Image side the CRF window and bandwidth are given for (default 256, the paper's
+        images); they are scaled to the training images' side. None: used literally."""
         body_iters: int = Field(3, ge=0)
         """Last local iterations that train everything but the head (the others train the
         head only; FedICRA's rep_iters)."""
@@ -176,7 +204,7 @@ class FedICRA(PCSMethod):
         cfg, spec = self.config, ctx.spec
         seg = segmentation_loss(ctx)
         tree = TreeEnergyLoss(cfg.tree_sigma)
-        crf = GatedCRFLoss(radius=cfg.crf_radius)
+        crf = _CRFAtScale(cfg.crf_radius, cfg.crf_xy, cfg.crf_ref_size)
 
         def loss(
             out: tuple[ICRAOutput, torch.Tensor, torch.Tensor], labels: torch.Tensor
