@@ -2,6 +2,7 @@ import torch
 
 from fedseg.engine.simulation import Simulation
 from fedseg.methods import TrainSettings, get_method
+from fedseg.methods import ala as ala_module
 from fedseg.methods import fedala as fedala_module
 from fedseg.models import UNet
 from fedseg.models.dual_decoder import DualDecoderUNet
@@ -21,14 +22,14 @@ def _sim(**cfg) -> Simulation:
 def test_weights_stay_in_unit_interval_and_persist_across_rounds(monkeypatch):
     sim = _sim()
     calls = []
-    real = fedala_module.train_weights
+    real = ala_module.train_weights
 
     def spy(model, prev, glob, weights, batches, loss_fn, **kw):
         res = real(model, prev, glob, weights, batches, loss_fn, **kw)
         calls.append(({k: v.clone() for k, v in weights.items()}, kw["settle"], res))
         return res
 
-    monkeypatch.setattr(fedala_module, "train_weights", spy)
+    monkeypatch.setattr(ala_module, "train_weights", spy)
     for r in range(TRAIN.rounds):
         sim.round(r)
     site0 = calls[0::2]  # site0, site1 alternate within a round

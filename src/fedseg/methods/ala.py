@@ -62,7 +62,15 @@ from torch import nn
 
 from fedseg.errors import ConfigError
 
-__all__ = ["LAResult", "LossOfModel", "init_weights", "last_parameters", "merge", "train_weights"]
+__all__ = [
+    "LAResult",
+    "LossOfModel",
+    "init_weights",
+    "last_parameters",
+    "merge",
+    "train_weights",
+    "train_weights_by_pass",
+]
 
 LossOfModel = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 """``loss_fn(model, images, labels)``: the local loss of one batch."""
@@ -185,3 +193,37 @@ def train_weights(
     model.train(was_training)
     merged = merge(prev, glob, w)
     return LAResult({k: v.to(out_dev) for k, v in w.items()}, merged, n, losses, settled)
+
+
+def train_weights_by_pass(
+    model: nn.Module,
+    prev: Mapping[str, torch.Tensor],
+    glob: Mapping[str, torch.Tensor],
+    weights: Mapping[str, torch.Tensor],
+    batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
+    loss_fn: LossOfModel,
+    *,
+    per_pass: int,
+    first: bool,
+    max_passes: int,
+    eta: float,
+    window: int,
+    tol: float,
+) -> LAResult:
+    """FedALA's schedule: one pass of ``per_pass`` batches per round, and in the first use
+    passes until the per-pass loss settles (at most ``max_passes``)."""
+    return train_weights(
+        model,
+        prev,
+        glob,
+        weights,
+        batches,
+        loss_fn,
+        eta=eta,
+        steps=per_pass,
+        settle=first,
+        max_steps=max_passes * per_pass,
+        window=window,
+        tol=tol,
+        pass_steps=per_pass,
+    )

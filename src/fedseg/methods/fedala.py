@@ -9,7 +9,7 @@ from pydantic import Field
 from torch import nn
 
 from fedseg.errors import ConfigError
-from fedseg.methods.ala import LAResult, init_weights, train_weights
+from fedseg.methods.ala import LAResult, init_weights, train_weights_by_pass
 from fedseg.methods.base import ClientContext, ClientResult, Payload, SiteSpec, State
 from fedseg.methods.fedavg import FedAvg
 from fedseg.methods.partition import Partition
@@ -88,20 +88,19 @@ class FedALA(FedAvg):
         )
         net, loss = self.training_pair(ctx.model, ctx)
         first = not state["ala_started"]
-        return train_weights(
+        return train_weights_by_pass(
             ctx.model,
             state["ala_prev"],
             payload.tensors,
             state["ala"],
             ctx.batches,
             lambda _, x, y: loss(net(x), y),
+            per_pass=per_pass,
+            first=first,
+            max_passes=cfg.max_start_passes,
             eta=cfg.eta,
-            steps=per_pass,
-            settle=first,
-            max_steps=cfg.max_start_passes * per_pass,
             window=cfg.num_pre_loss,
             tol=cfg.threshold,
-            pass_steps=per_pass,
         )
 
     def client_step(self, payload: Payload, state: State, ctx: ClientContext) -> ClientResult:

@@ -10,7 +10,7 @@ from torch import nn
 
 from fedseg.losses_weak import GatedCRFLoss, TreeEnergyLoss, minmax_per_sample
 from fedseg.methods.aggregate import weighted_average
-from fedseg.methods.ala import LAResult, init_weights, train_weights
+from fedseg.methods.ala import LAResult, init_weights, train_weights_by_pass
 from fedseg.methods.base import (
     ClientContext,
     ClientResult,
@@ -160,20 +160,19 @@ class FedICRA(PCSMethod):
         per_pass = max(1, ctx.site.num_train // min(ctx.train.batch_size, ctx.site.num_train))
         seg = segmentation_loss(ctx)
         first = not state["ala_started"]
-        return train_weights(
+        return train_weights_by_pass(
             net,
             state["ala_prev"],
             payload.tensors,
             state["ala"],
             ctx.batches,
             lambda m, x, y: seg(m(x), y),
+            per_pass=per_pass,
+            first=first,
+            max_passes=cfg.ala_max_passes,
             eta=cfg.eta,
-            steps=per_pass,
-            settle=first,
-            max_steps=cfg.ala_max_passes * per_pass,
             window=cfg.ala_window,
             tol=cfg.ala_threshold,
-            pass_steps=per_pass,
         )
 
     def client_step(self, payload: Payload, state: State, ctx: ClientContext) -> ClientResult:
