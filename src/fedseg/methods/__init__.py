@@ -40,7 +40,8 @@ __all__ = [
     "register_method",
 ]
 
-_INFRA = {"base", "partition", "registry", "training", "aggregate"}
+# Import every module so that each method's @register_method runs; helper modules
+# (base, ala, wss, ...) register nothing and importing them is harmless.
 for _info in pkgutil.iter_modules(__path__):
-    if _info.name not in _INFRA and not _info.name.startswith("_"):
+    if not _info.name.startswith("_"):
         importlib.import_module(f"{__name__}.{_info.name}")
