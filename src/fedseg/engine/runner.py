@@ -22,7 +22,7 @@ from fedseg.metrics import EMPTY_POLICY
 from fedseg.reporting.plots import render_run_plots
 from fedseg.reporting.results import build_results, site_table
 
-__all__ = ["InProcessRunner", "resolve_device"]
+__all__ = ["InProcessRunner", "loss_summary", "resolve_device"]
 
 log = logging.getLogger(__name__)
 RoundCallback = Callable[[dict[str, Any]], None]
@@ -92,7 +92,11 @@ class InProcessRunner:
                     {**sim.state_dict(), "round": r, "round_seconds": round_seconds}
                 )
             log.info(
-                "round %d/%d %s %.1fs", r + 1, total, _brief(record["clients"]), record["seconds"]
+                "round %d/%d %s %.1fs",
+                r + 1,
+                total,
+                loss_summary(record["clients"]),
+                record["seconds"],
             )
             if on_round:
                 on_round(record)
@@ -111,6 +115,7 @@ class InProcessRunner:
         return results
 
 
-def _brief(clients: dict[str, dict[str, float]]) -> str:
+def loss_summary(clients: dict[str, dict[str, float]]) -> str:
+    """Mean client loss of a round for the one-line round log (both engines)."""
     losses = [m["loss"] for m in clients.values() if "loss" in m]
     return f"loss {sum(losses) / len(losses):.4f}" if losses else ""

@@ -27,7 +27,7 @@ from fedseg.engine.flower.records import spec_from_json
 from fedseg.engine.flower.settings import FlowerSettings
 from fedseg.engine.flower.site import fedseg_version
 from fedseg.engine.rundir import RunDir, atomic_write_bytes
-from fedseg.engine.runner import _brief
+from fedseg.engine.runner import loss_summary
 from fedseg.errors import ConfigError, FedsegError
 from fedseg.metrics import EMPTY_POLICY
 from fedseg.reporting.results import build_results, site_table
@@ -162,7 +162,7 @@ class FederationServer:
                 r + 1,
                 total,
                 len(record["participants"]),
-                _brief(record["clients"]),
+                loss_summary(record["clients"]),
                 f", failed: {record['failures']}" if record["failures"] else "",
                 record["seconds"],
             )
