@@ -81,9 +81,11 @@ def test_resume_after_crash_gives_uninterrupted_results(fed_root, tmp_path, meth
     assert [json.loads(x)["round"] for x in rounds] == [0, 1, 2]
 
 
-def test_missing_data_and_missing_checkpoint_are_clear(tmp_path):
+def test_missing_data_and_missing_checkpoint_are_clear(fed_root, tmp_path):
     with pytest.raises(ConfigError, match=r"holds no manifest\.json"):
         InProcessRunner(_cfg(tmp_path / "nothing"), tmp_path / "r").run()
+    with pytest.raises(ConfigError, match="no checkpoint to resume from"):
+        InProcessRunner(_cfg(fed_root), tmp_path / "never-ran").run(resume=True)
 
 
 def test_synth_block_creates_data(tmp_path):
