@@ -22,6 +22,7 @@ import yaml
 
 from fedseg.config import apply_overrides, parse_config
 from fedseg.engine.runner import InProcessRunner
+from fedseg.outputs import write_run_outputs
 from fedseg.reporting.compare import comparison_table
 
 
@@ -47,7 +48,9 @@ def main() -> None:
         raw["data"]["labels"] = labels or "weak"
         raw["name"] = f"{method}-{raw['data']['labels']}"
         t0 = time.perf_counter()
-        res = InProcessRunner(parse_config(raw, str(args.config)), args.out / raw["name"]).run()
+        run_dir = args.out / raw["name"]
+        res = InProcessRunner(parse_config(raw, str(args.config)), run_dir).run()
+        write_run_outputs(run_dir, res)
         times.append((raw["name"], time.perf_counter() - t0))
         results.append(res)
         avg = res["average"]["dsc"]

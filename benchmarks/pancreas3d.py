@@ -30,6 +30,7 @@ from fedseg.config import parse_config
 from fedseg.data.synth import synthesize
 from fedseg.data.synth.tasks.pancreas3d import TABLE1
 from fedseg.engine.runner import InProcessRunner
+from fedseg.outputs import write_run_outputs
 from fedseg.reporting.weights_plot import load_weight_history, plot_weights
 
 METHODS = {"local": "No FL", "fedavg": "FedAvg", "fedavg_aaw": "FedAvg+AAW"}
@@ -82,6 +83,7 @@ def run_task(args: argparse.Namespace, task: str) -> dict[str, dict[str, Any]]:
         cfg = parse_config(run_config(args, task, root, method), f"{task}/{method}")
         t0 = time.perf_counter()
         results[method] = InProcessRunner(cfg, run_dir).run()
+        write_run_outputs(run_dir, results[method])
         logging.info("%s %s: %.0f s", task, method, time.perf_counter() - t0)
     return results
 

@@ -60,6 +60,7 @@ def run(
     """Train and evaluate one method; write a run directory with results."""
     from fedseg.config import load_config
     from fedseg.engine.runner import InProcessRunner
+    from fedseg.outputs import write_run_outputs
 
     try:
         if resume is not None:
@@ -85,6 +86,7 @@ def run(
                 resume=resume is not None,
                 on_round=lambda rec: bar.update(task, completed=rec["round"] + 1),
             )
+        write_run_outputs(run_dir, results)
     except FedsegError as e:
         fail(e)
     console.print(_results_table(results))

@@ -6,10 +6,18 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+)
 
 from fedseg.errors import ConfigError, RegistryError
 from fedseg.methods import MethodConfig, TrainSettings, get_method
+from fedseg.models import ModelConfig, parse_model
 
 __all__ = [
     "DataSettings",
@@ -48,16 +56,16 @@ class DataSettings(_Strict):
 
 
 class EvalSettings(_Strict):
-    every: int = 0
-    """Also evaluate on the validation split every N rounds (0: only at the end)."""
-    batch_size: int = 16
+    every: int = Field(0, ge=0)
+    """Also evaluate every N rounds (0: only at the end)."""
+    batch_size: PositiveInt = 16
     split: Literal["test", "val"] = "test"
 
 
 class EngineSettings(_Strict):
     name: Literal["inprocess"] = "inprocess"
-    device: str = "auto"
-    """``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``."""
+    device: str = Field("auto", pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$")
+    """``auto`` (CUDA when available), ``cpu``, ``cuda``, ``cuda:N`` or ``mps``."""
     checkpoint_every: int = Field(1, ge=1)
     """Write the resumable checkpoint every N rounds (the last round always)."""
     threads: int = Field(0, ge=0)
@@ -72,6 +80,8 @@ class RunConfig(_Strict):
     seed: int = 0
     data: DataSettings
     method: dict[str, Any] = Field(default_factory=lambda: {"name": "fedavg"})
+    model: dict[str, Any] = Field(default_factory=lambda: {"name": "unet"}, validate_default=True)
+    """The network (``fedseg.models``): ``name`` plus its options, e.g. ``widths``, ``norm``."""
     train: TrainSettings = TrainSettings()
     eval: EvalSettings = EvalSettings()
     engine: EngineSettings = EngineSettings()
@@ -84,9 +94,21 @@ class RunConfig(_Strict):
         method_config(v)
         return v
 
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, v: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return parse_model(v).model_dump()
+        except ConfigError as e:
+            raise ValueError(e.reason.removeprefix("model.").removeprefix("model: ")) from None
+
     @property
     def method_name(self) -> str:
         return str(self.method["name"])
+
+    @property
+    def model_settings(self) -> ModelConfig:
+        return parse_model(self.model)
 
 
 def method_config(block: dict[str, Any]) -> MethodConfig:
@@ -102,7 +124,7 @@ def _format(err: ValidationError, source: str) -> str:
     lines = []
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "<root>"
-        msg = e["msg"]
+        msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
         got = e.get("input")

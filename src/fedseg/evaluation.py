@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -10,17 +10,29 @@ from torch import nn
 
 from fedseg.metrics import MetricAccumulator
 
-__all__ = ["SiteEvaluation", "evaluate", "predict"]
+__all__ = ["Segmenter", "SiteEvaluation", "argmax_segment", "evaluate", "predict"]
+
+Segmenter = Callable[[nn.Module, torch.Tensor], torch.Tensor]
+"""(model, images [N,C,*S]) -> label maps [N,*S] (a method's ``segment`` hook)."""
+
+
+def argmax_segment(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
+    """Arg-max over the output channels."""
+    return model(images).argmax(1)
 
 
 @torch.no_grad()
 def predict(
-    model: nn.Module, images: torch.Tensor, batch_size: int, device: torch.device
+    model: nn.Module,
+    images: torch.Tensor,
+    batch_size: int,
+    device: torch.device,
+    segment: Segmenter = argmax_segment,
 ) -> torch.Tensor:
-    """Arg-max label maps of ``images`` [N,C,*S] computed in batches (eval mode)."""
+    """Label maps of ``images`` [N,C,*S] computed in batches (eval mode)."""
     model.eval()
     preds = [
-        model(images[i : i + batch_size].to(device)).argmax(1).cpu()
+        segment(model, images[i : i + batch_size].to(device)).cpu()
         for i in range(0, len(images), batch_size)
     ]
     return torch.cat(preds) if preds else torch.zeros((0, *images.shape[2:]), dtype=torch.long)
@@ -45,11 +57,12 @@ def evaluate(
     device: torch.device,
     spacing: Sequence[Sequence[float]] | None = None,
     ids: Sequence[str] | None = None,
+    segment: Segmenter = argmax_segment,
 ) -> SiteEvaluation:
     """Predict every case and score it against its full mask."""
     acc = MetricAccumulator(regions)
     for i in range(0, len(images), batch_size):
-        pred = predict(model, images[i : i + batch_size], batch_size, device)
+        pred = predict(model, images[i : i + batch_size], batch_size, device, segment)
         sp = list(spacing[i : i + batch_size]) if spacing is not None else None
         case_ids = list(ids[i : i + batch_size]) if ids is not None else None
         acc.add(pred, masks[i : i + batch_size], spacing=sp, ids=case_ids)

@@ -2,10 +2,12 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from fedseg.config import parse_config
 from fedseg.engine.runner import InProcessRunner
 from fedseg.errors import ConfigError
+from fedseg.outputs import write_run_outputs
 
 
 @pytest.fixture(scope="module")
@@ -38,14 +40,10 @@ class Crash(Exception):
 def test_run_writes_run_directory(fed_root, tmp_path):
     res = InProcessRunner(_cfg(fed_root), tmp_path / "run").run()
     run = tmp_path / "run"
-    for name in (
-        "config.yaml",
-        "rounds.jsonl",
-        "results.json",
-        "results.md",
-        "checkpoints/last.pt",
-    ):
+    for name in ("config.yaml", "rounds.jsonl", "results.json", "cases.csv", "checkpoints/last.pt"):
         assert (run / name).is_file(), name
+    assert not (run / "results.md").exists()  # tables are the caller's
+    write_run_outputs(run, res)
     rounds = [json.loads(x) for x in (run / "rounds.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rounds] == [0, 1, 2]
     on_disk = json.loads((run / "results.json").read_text())
@@ -61,6 +59,17 @@ def test_run_writes_run_directory(fed_root, tmp_path):
     )
     assert res["sites"] == on_disk["sites"]
     assert "| **Average**" in (run / "results.md").read_text()
+    # every tensor that travelled is counted: FedAvg sends the whole state dict both ways
+    ck = torch.load(run / "checkpoints/last.pt", weights_only=True)
+    weights = ck["server"]["payloads"][0]["tensors"]
+    nbytes = sum(t.numel() * t.element_size() for t in weights.values())
+    comm = on_disk["communication"]
+    assert comm["upload_bytes_per_site_round"] == comm["download_bytes_per_site_round"] == nbytes
+    assert comm["upload_bytes_total"] == 3 * 3 * nbytes
+    assert len(ck["server"]["payloads"]) == 1  # one global payload stored once, not per site
+    lines = (run / "cases.csv").read_text().splitlines()
+    assert lines[0] == "site,case,id,region,metric,value"
+    assert len(lines) == 1 + sum(on_disk["cases"].values()) * 2 * 6  # 2 regions x 6 metrics
 
 
 @pytest.mark.parametrize("method", ["fedavg", "local"])

@@ -1,10 +1,11 @@
 import pytest
 import torch
 
+from fedseg.engine.loop import RoundPolicy
 from fedseg.engine.simulation import Simulation
 from fedseg.errors import UploadError
 from fedseg.methods import Payload, TrainSettings, get_method
-from fedseg.methods.base import validate_upload
+from fedseg.methods.base import TensorSpec, validate_upload
 from fedseg.testing import toy_federation
 
 TRAIN = TrainSettings(rounds=2, local_iters=2, batch_size=4, augment=False)
@@ -80,17 +81,45 @@ def test_centralized_trains_one_pooled_model_and_scores_each_site():
 
 
 def test_engine_rejects_malformed_upload():
-    template = {"w": ((2,), torch.float32)}
+    template = {"w": TensorSpec((2,), torch.float32)}
     validate_upload("a", Payload({"w": torch.zeros(2)}, num_examples=1), template)
     bad = [
-        (Payload({"w": torch.zeros(3)}, num_examples=1), "should be"),
+        (Payload({"w": torch.zeros(3)}, num_examples=1), "should be torch.float32 \\[2\\]"),
+        (Payload({"w": torch.zeros(2, 1)}, num_examples=1), "should be"),
         (Payload({"w": torch.tensor([0.0, float("nan")])}, num_examples=1), "non-finite"),
         (Payload({"w": torch.zeros(2), "x": torch.zeros(1)}, num_examples=1), "unknown keys"),
         (Payload({"w": torch.zeros(2)}, num_examples=0), "num_examples"),
+        (Payload({"w": torch.zeros(2)}, {"m": float("inf")}, 1), "non-finite metrics"),
     ]
     for payload, msg in bad:
         with pytest.raises(UploadError, match=msg):
             validate_upload("a", payload, template)
+
+
+def test_variable_dimensions_are_checked_by_rank_and_fixed_dims():
+    template = {"protos": TensorSpec((None, 4), torch.float32)}
+    for k in (0, 1, 7):
+        validate_upload("a", Payload({"protos": torch.zeros(k, 4)}, num_examples=1), template)
+    for shape in ((3, 5), (3,), (1, 3, 4)):
+        with pytest.raises(UploadError, match=r"should be torch.float32 \[\*, 4\]"):
+            validate_upload("a", Payload({"protos": torch.zeros(shape)}, num_examples=1), template)
+
+
+def test_upload_claiming_more_examples_than_declared_is_refused():
+    sim = _sim("fedavg")
+    lie = sim.method.client_step
+
+    def claim_a_billion(payload, state, ctx):
+        res = lie(payload, state, ctx)
+        if ctx.site.name == "site2":
+            res.upload.num_examples = 10**9
+        return res
+
+    sim.method.client_step = claim_a_billion
+    sim.loop.policy = RoundPolicy(min_sites=2)
+    record = sim.round(0)
+    assert record["participants"] == ["site0", "site1"]
+    assert "declared 12 training samples" in record["failures"]["site2"]
 
 
 def test_centralized_makes_as_many_steps_as_the_federation():

@@ -15,7 +15,7 @@ from typing import Any
 from flwr.app import RecordDict
 
 from fedseg.config import RunConfig, parse_config
-from fedseg.engine.flower.coordinator import Reply
+from fedseg.engine.flower.link import Reply
 from fedseg.engine.flower.records import content, read_meta
 from fedseg.engine.flower.settings import FlowerSettings, SiteConfig, run_config
 from fedseg.engine.flower.site import handle_evaluate, handle_hello, handle_train
@@ -47,27 +47,31 @@ def make_config(root: Path, method: str = "fedavg", rounds: int = 2, **extra: An
 
 
 class DirectLink:
-    """A :class:`~fedseg.engine.flower.federation.Link` calling the site handlers directly.
+    """A :class:`~fedseg.engine.flower.link.Transport` calling the site handlers directly.
 
-    ``down`` holds sites that do not answer; ``tamper[site]`` may rewrite a site's reply.
+    ``down`` holds sites that do not answer; ``down_in_round[r]`` sites that do not answer
+    training messages of round ``r``; ``tamper[site]`` may rewrite a site's training reply.
     """
 
     def __init__(self, sites: Mapping[str, SiteConfig], rc: Mapping[str, Any]) -> None:
         self.sites, self.rc = dict(sites), dict(rc)
         self.down: set[str] = set()
+        self.down_in_round: dict[int, set[str]] = {}
         self.tamper: dict[str, Callable[[RecordDict], RecordDict]] = {}
+        self.tamper_eval: dict[str, Callable[[RecordDict], RecordDict]] = {}
         self.sent: list[tuple[str, str]] = []
 
     def _call(self, kind: str, site: str, body: RecordDict) -> Reply:
-        if site in self.down:
+        r = read_meta(body).get("round")
+        if site in self.down or (kind == "train" and site in self.down_in_round.get(r, ())):  # type: ignore[arg-type]
             return "no reply within 1s"
         self.sent.append((kind, site))
         try:
             reply = HANDLERS[kind](body, _node_config(self.sites[site]), self.rc)
         except FedsegError as e:
             return f"error: {e.reason}"
-        fix = self.tamper.get(site)
-        return fix(reply) if fix and kind == "train" else reply
+        fix = (self.tamper if kind == "train" else self.tamper_eval).get(site)
+        return fix(reply) if fix and kind != "hello" else reply
 
     def announce(self, run_uid: str) -> dict[str, dict[str, Any]]:
         out = {}

@@ -21,8 +21,6 @@ from fedseg.engine.flower.records import (
     eval_record,
     read_eval,
     read_payload,
-    spec_from_json,
-    spec_to_json,
 )
 from fedseg.engine.flower.settings import (
     FlowerSettings,
@@ -33,6 +31,7 @@ from fedseg.engine.flower.settings import (
 from fedseg.engine.flower.site_data import check_site_folder, split_federation
 from fedseg.engine.flower.site_state import SiteStateStore
 from fedseg.engine.flower.tls import write_certificates, write_node_key
+from fedseg.engine.server import spec_from_json, spec_to_json
 from fedseg.errors import ConfigError, DataError, FedsegError, UploadError
 from fedseg.methods import Payload, get_method
 from fedseg.testing import toy_federation
@@ -67,16 +66,18 @@ def test_spec_and_evaluation_round_trip():
     spec, _ = toy_federation(3)
     assert spec_from_json(spec_to_json(spec)) == spec
     metrics = {"dsc": {"fg": 0.5, "all/fg": 0.25}, "hd95": {"fg": float("nan")}}
-    back = read_eval(eval_record(metrics, 4))
-    assert back["cases"] == 4 and back["metrics"]["dsc"] == {"fg": 0.5, "all/fg": 0.25}
-    assert math.isnan(back["metrics"]["hd95"]["fg"])
+    cases = [{"id": "a", "metrics": {"dsc": {"fg": 0.1, "all/fg": 0.2}}}]
+    back = read_eval(eval_record(metrics, 4, cases))
+    assert back.cases == 4 and back.metrics["dsc"] == {"fg": 0.5, "all/fg": 0.25}
+    assert math.isnan(back.metrics["hd95"]["fg"])
+    assert back.per_case == [{"index": 0, "id": None, "metrics": cases[0]["metrics"]}]
 
 
 def test_site_state_is_atomic_pruned_and_read_before_a_round(tmp_path: Path):
-    store = SiteStateStore(tmp_path / "s")
+    store = SiteStateStore(tmp_path / "s", keep=3)
     assert store.latest_before(5) is None and store.rounds() == []
     for r in range(4):
-        store.save(r, {"weights": {"x": torch.full((2,), float(r))}, "r": r}, keep=3)
+        store.save(r, {"weights": {"x": torch.full((2,), float(r))}, "r": r})
     assert store.rounds() == [1, 2, 3]
     assert sorted(p.name for p in (tmp_path / "s").iterdir()) == [
         "round-00001.pt",

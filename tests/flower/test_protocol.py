@@ -9,7 +9,7 @@ import pytest
 import torch
 from flower_helpers import assert_same_metrics, direct_link, make_config
 
-from fedseg.engine.flower.federation import FederationServer
+from fedseg.engine.flower.link import run_federation
 from fedseg.engine.flower.records import ARRAYS, read_meta
 from fedseg.engine.runner import InProcessRunner
 from fedseg.errors import ConfigError, FedsegError
@@ -22,10 +22,11 @@ def test_direct_federation_equals_in_process_run(federation: Path, tmp_path: Pat
     cfg = make_config(federation, method)
     ref = InProcessRunner(cfg, tmp_path / "inproc").run()
     link, st = direct_link(cfg, federation, tmp_path / "flower")
-    res = FederationServer(cfg, st, link).run()
+    res = run_federation(cfg, st, link)
     assert list(res["sites"]) == ["A", "B"]
-    assert_same_metrics(res["sites"], ref["sites"], 1e-5)
+    assert_same_metrics(res["sites"], ref["sites"], 0.0)  # the same code: bit-identical
     assert res["params"] == ref["params"]
+    assert res["communication"] == ref["communication"]
     run, inproc = tmp_path / "flower", tmp_path / "inproc"
     files = {str(p.relative_to(inproc)) for p in inproc.rglob("*") if p.is_file()}
     assert files >= {"config.yaml", "rounds.jsonl", "results.json", "checkpoints/last.pt"}
@@ -36,35 +37,30 @@ def test_direct_federation_equals_in_process_run(federation: Path, tmp_path: Pat
     assert [r["participants"] for r in ours] == [["A", "B"]] * 2
     assert all(r["failures"] == {} for r in ours)
     for a, b in zip(ours, theirs, strict=True):
-        for s in ("A", "B"):
-            assert a["clients"][s]["loss"] == pytest.approx(b["clients"][s]["loss"], abs=1e-6)
-    ck_ours = torch.load(run / "checkpoints/last.pt", weights_only=False)
-    ck_ref = torch.load(tmp_path / "inproc/checkpoints/last.pt", weights_only=False)
+        assert a["clients"] == b["clients"] and a["comm"] == b["comm"]
+    ck_ours = torch.load(run / "checkpoints/last.pt", weights_only=True)
+    ck_ref = torch.load(tmp_path / "inproc/checkpoints/last.pt", weights_only=True)
     for s in ("A", "B"):
-        for k, v in ck_ref["payloads"][s]["tensors"].items():
-            torch.testing.assert_close(ck_ours["payloads"][s]["tensors"][k], v)
+        ours_p = ck_ours["server"]["payloads"][ck_ours["server"]["payload_of"][s]]["tensors"]
+        ref_p = ck_ref["server"]["payloads"][ck_ref["server"]["payload_of"][s]]["tensors"]
+        for k, v in ref_p.items():
+            assert torch.equal(ours_p[k], v), k
     # private state stayed on the sites' disks, one file per kept round
+    assert ck_ours["sites"] == {}
     for s in ("A", "B"):
         saved = sorted((run / "sites" / s).glob("*/round-*.pt"))
         assert [p.name for p in saved] == ["round-00000.pt", "round-00001.pt"]
-        state = torch.load(saved[-1], weights_only=False)
-        ref_state = ck_ref["client_states"][s]
+        state = torch.load(saved[-1], weights_only=True)["method"]
+        ref_state = ck_ref["sites"][s][1]["method"]
         for k, v in ref_state.get("weights", {}).items():
-            torch.testing.assert_close(state["weights"][k], v)
+            assert torch.equal(state["weights"][k], v), k
 
 
 def test_site_failure_is_recorded_and_the_site_rejoins(federation: Path, tmp_path: Path):
     cfg = make_config(federation, "fedbn", rounds=3)
     link, st = direct_link(cfg, federation, tmp_path, min_sites=1)
-    server = FederationServer(cfg, st, link)
-    original = server.round
-
-    def flaky(r: int) -> dict:
-        link.down = {"B"} if r == 1 else set()
-        return original(r)
-
-    server.round = flaky  # type: ignore[method-assign]
-    res = server.run()
+    link.down_in_round = {1: {"B"}}
+    res = run_federation(cfg, st, link)
     rounds = [json.loads(x) for x in (tmp_path / "rounds.jsonl").read_text().splitlines()]
     assert [r["participants"] for r in rounds] == [["A", "B"], ["A"], ["A", "B"]]
     assert set(rounds[1]["failures"]) == {"B"}
@@ -75,16 +71,9 @@ def test_site_failure_is_recorded_and_the_site_rejoins(federation: Path, tmp_pat
 def test_too_few_replies_stop_the_run_and_resume_continues(federation: Path, tmp_path: Path):
     cfg = make_config(federation, "fedavg", rounds=2)
     link, st = direct_link(cfg, federation, tmp_path, min_sites=2, retries=1)
-    server = FederationServer(cfg, st, link)
-    original = server.round
-
-    def crash_in_round_two(r: int) -> dict:
-        link.down = {"B"} if r == 1 else set()
-        return original(r)
-
-    server.round = crash_in_round_two  # type: ignore[method-assign]
+    link.down_in_round = {1: {"B"}}
     with pytest.raises(FedsegError, match="fewer than 2 valid uploads in 2 attempts"):
-        server.run()
+        run_federation(cfg, st, link)
     assert [
         json.loads(x)["round"] for x in (tmp_path / "rounds.jsonl").read_text().splitlines()
     ] == [0]
@@ -93,7 +82,7 @@ def test_too_few_replies_stop_the_run_and_resume_continues(federation: Path, tmp
 
     # the site is back: resume from the checkpoint after round 1
     link2, st2 = direct_link(cfg, federation, tmp_path, min_sites=2, resume=True)
-    res = FederationServer(cfg, st2, link2).run()
+    res = run_federation(cfg, st2, link2)
     rounds = [json.loads(x) for x in (tmp_path / "rounds.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rounds] == [0, 1]
     assert [r["participants"] for r in rounds] == [["A", "B"], ["A", "B"]]
@@ -113,6 +102,10 @@ def _corrupt(kind: str):
             sd[key] = torch.zeros(3, 3)
         elif kind == "dtype":
             sd[key] = sd[key].double()
+        elif kind == "examples":  # claims a billion samples to take over the average
+            from flwr.app import ConfigRecord
+
+            body["fedseg"] = ConfigRecord({**read_meta(body), "num-examples": 10**9})
         else:
             sd["evil.extra"] = torch.zeros(1)
         from flwr.app import ArrayRecord
@@ -123,41 +116,39 @@ def _corrupt(kind: str):
     return fix
 
 
-@pytest.mark.parametrize("kind", ["nan", "shape", "dtype", "unknown_key"])
+def _global(run: Path) -> dict[str, torch.Tensor]:
+    ck = torch.load(run / "checkpoints/last.pt", weights_only=True)["server"]
+    return ck["payloads"][ck["payload_of"]["A"]]["tensors"]
+
+
+@pytest.mark.parametrize("kind", ["nan", "shape", "dtype", "unknown_key", "examples"])
 def test_malformed_upload_is_rejected_and_leaves_the_model_untouched(
     federation: Path, tmp_path: Path, kind: str
 ):
     cfg = make_config(federation, "fedavg", rounds=1)
-    link, st = direct_link(cfg, federation, tmp_path, min_sites=1)
+    link, st = direct_link(cfg, federation, tmp_path / "run", min_sites=1)
     link.tamper["B"] = _corrupt(kind)
-    server = FederationServer(cfg, st, link)
-    server.start()
-    assert server.coord is not None
-    record = server.round(0)
+    run_federation(cfg, st, link)
+    record = json.loads((tmp_path / "run" / "rounds.jsonl").read_text().splitlines()[0])
     assert record["participants"] == ["A"]
     assert record["failures"]["B"].startswith("rejected upload")
     # the global model is A's upload alone (FedAvg over one site), never the corrupt one
-    ck_link, ck_st = direct_link(cfg, federation, tmp_path / "alone", min_sites=1)
-    alone = FederationServer(cfg, ck_st, ck_link)
-    alone.start()
-    ck_link.down = {"B"}
-    alone.round(0)
-    for k, v in alone.coord.payloads["A"].tensors.items():  # type: ignore[union-attr]
-        torch.testing.assert_close(server.coord.payloads["A"].tensors[k], v)
-        assert torch.isfinite(server.coord.payloads["B"].tensors[k].float()).all()
+    alone_link, alone_st = direct_link(cfg, federation, tmp_path / "alone", min_sites=1)
+    alone_link.down_in_round = {0: {"B"}}
+    run_federation(cfg, alone_st, alone_link)
+    ours, alone = _global(tmp_path / "run"), _global(tmp_path / "alone")
+    for k, v in alone.items():
+        assert torch.equal(ours[k], v), k
 
 
 def test_all_uploads_malformed_keeps_the_initial_model(federation: Path, tmp_path: Path):
     cfg = make_config(federation, "fedavg", rounds=1)
     link, st = direct_link(cfg, federation, tmp_path, min_sites=1, retries=0)
     link.tamper = {"A": _corrupt("nan"), "B": _corrupt("shape")}
-    server = FederationServer(cfg, st, link)
-    server.start()
-    before = {k: v.clone() for k, v in server.coord.payloads["A"].tensors.items()}  # type: ignore[union-attr]
     with pytest.raises(FedsegError, match="valid uploads"):
-        server.round(0)
-    for k, v in before.items():
-        torch.testing.assert_close(server.coord.payloads["A"].tensors[k], v)  # type: ignore[union-attr]
+        run_federation(cfg, st, link)
+    assert not (tmp_path / "checkpoints" / "last.pt").exists()  # nothing was aggregated
+    assert (tmp_path / "rounds.jsonl").read_text() == ""
 
 
 def test_reply_for_another_round_or_site_is_rejected(federation: Path, tmp_path: Path):
@@ -172,10 +163,39 @@ def test_reply_for_another_round_or_site_is_rejected(federation: Path, tmp_path:
         return body
 
     link.tamper["B"] = wrong_round
-    server = FederationServer(cfg, st, link)
-    server.start()
-    record = server.round(0)
+    run_federation(cfg, st, link)
+    record = json.loads((tmp_path / "rounds.jsonl").read_text().splitlines()[0])
     assert "round" in record["failures"]["B"] and record["participants"] == ["A"]
+
+
+def _bad_eval(kind: str):
+    def fix(body):
+        from flwr.app import MetricRecord
+
+        rec = dict(body["eval"])
+        if kind == "dsc_7":
+            rec[next(k for k in rec if k.startswith("dsc/"))] = 7.0
+        elif kind == "negative_hd95":
+            rec[next(k for k in rec if k.startswith("hd95/"))] = -1.0
+        elif kind == "no_cases":
+            rec["cases"] = 0
+        else:
+            rec["garbage"] = 1.0
+        body["eval"] = MetricRecord(rec)
+        return body
+
+    return fix
+
+
+@pytest.mark.parametrize("kind", ["dsc_7", "negative_hd95", "no_cases", "garbage"])
+def test_implausible_evaluation_is_that_sites_failure(federation: Path, tmp_path: Path, kind):
+    cfg = make_config(federation, "fedavg", rounds=1)
+    link, st = direct_link(cfg, federation, tmp_path)
+    link.tamper_eval["B"] = _bad_eval(kind)
+    res = run_federation(cfg, st, link)
+    assert list(res["sites"]) == ["A"]
+    assert res["missing_sites"]["B"].startswith("invalid evaluation")
+    assert res["average"] == res["sites"]["A"]
 
 
 def test_sites_must_be_declared_and_agree(federation: Path, tmp_path: Path):
@@ -184,14 +204,14 @@ def test_sites_must_be_declared_and_agree(federation: Path, tmp_path: Path):
     )
     link, st = direct_link(cfg, federation, tmp_path)
     with pytest.raises(ConfigError, match="sites declared"):
-        FederationServer(cfg, st, link).run()
+        run_federation(cfg, st, link)
 
 
 def test_pooled_method_is_refused(federation: Path, tmp_path: Path):
     cfg = make_config(federation, "centralized")
     link, st = direct_link(cfg, federation, tmp_path)
     with pytest.raises(ConfigError, match="pooled"):
-        FederationServer(cfg, st, link).run()
+        run_federation(cfg, st, link)
 
 
 def test_missing_site_times_out_with_a_clear_error(federation: Path, tmp_path: Path):
@@ -199,4 +219,4 @@ def test_missing_site_times_out_with_a_clear_error(federation: Path, tmp_path: P
     link, st = direct_link(cfg, federation, tmp_path)
     link.down = {"B"}
     with pytest.raises(FedsegError, match=r"only 1 of the sites \['A', 'B'\] are connected"):
-        FederationServer(cfg, st, link).run()
+        run_federation(cfg, st, link)

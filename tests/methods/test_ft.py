@@ -17,8 +17,7 @@ def _sim(**cfg) -> Simulation:
 
 
 def _eval_weights(sim: Simulation, site: str) -> dict[str, torch.Tensor]:
-    ctx = sim.context(sim.sites[site], TRAIN.rounds)
-    model = sim.method.eval_model(sim.payloads[site], sim.states[site], ctx)
+    model = sim.eval_model(site)
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 

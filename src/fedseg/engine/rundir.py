@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["RunDir", "atomic_write_bytes"]
+__all__ = ["CASES_COLUMNS", "RunDir", "atomic_write_bytes"]
+
+CASES_COLUMNS = ("site", "case", "id", "region", "metric", "value")
+"""Columns of ``cases.csv``: one row per (site, test case, region, metric)."""
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -39,6 +44,7 @@ class RunDir:
         self.checkpoint = self.path / "checkpoints" / "last.pt"
         self.results_json = self.path / "results.json"
         self.results_md = self.path / "results.md"
+        self.cases_csv = self.path / "cases.csv"
         self.log = self.path / "run.log"
 
     def create(self, config_yaml: str) -> None:
@@ -67,9 +73,28 @@ class RunDir:
         torch.save(state, buf)
         atomic_write_bytes(self.checkpoint, buf.getvalue())
 
-    def load_checkpoint(self, device: torch.device) -> dict[str, Any]:
-        return torch.load(self.checkpoint, map_location=device, weights_only=False)
+    def load_checkpoint(self) -> dict[str, Any]:
+        """The last checkpoint, on the CPU (tensors and plain data only: no code runs)."""
+        from fedseg.errors import ConfigError
 
-    def write_results(self, results: dict[str, Any], markdown: str) -> None:
+        if not self.checkpoint.exists():
+            raise ConfigError(f"{self.path}: no checkpoint to resume from")
+        return torch.load(self.checkpoint, map_location="cpu", weights_only=True)
+
+    def write_results(self, results: dict[str, Any]) -> None:
         atomic_write_bytes(self.results_json, (json.dumps(results, indent=2) + "\n").encode())
+
+    def write_markdown(self, markdown: str) -> None:
         atomic_write_bytes(self.results_md, markdown.encode())
+
+    def write_cases(self, per_site: Mapping[str, Any]) -> None:
+        """``cases.csv`` from each site's per-case records (see :data:`CASES_COLUMNS`)."""
+        buf = io.StringIO()
+        out = csv.writer(buf, lineterminator="\n")
+        out.writerow(CASES_COLUMNS)
+        for site, ev in per_site.items():
+            for i, case in enumerate(ev.per_case):
+                for metric, regions in case["metrics"].items():
+                    for region, value in regions.items():
+                        out.writerow([site, i, case.get("id") or "", region, metric, repr(value)])
+        atomic_write_bytes(self.cases_csv, buf.getvalue().encode())

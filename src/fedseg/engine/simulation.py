@@ -1,74 +1,34 @@
-"""The round loop over in-memory sites, shared by the in-process runner and tests."""
+"""A federation of in-memory sites without a run directory: the API tests and notebooks use.
+
+:class:`Simulation` is the engine's round loop (:class:`~fedseg.engine.loop.RoundLoop`) over
+an :class:`~fedseg.engine.link.InMemoryLink`; it adds nothing to it but convenient access to
+payloads, private states and contexts.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
 from typing import Any
 
 import torch
+from torch import nn
 
-from fedseg.engine.sites import POOLED, SiteData, client_context, derive_seed, pooled_site
-from fedseg.evaluation import evaluate
-from fedseg.methods import (
-    ClientContext,
-    FederationSpec,
-    Method,
-    Payload,
-    ServerContext,
-    ServerResult,
-    State,
-    TrainSettings,
-)
-from fedseg.methods.base import validate_upload
+from fedseg.engine.link import InMemoryLink
+from fedseg.engine.loop import RoundLoop, RoundPolicy
+from fedseg.engine.server import ServerCore, method_spec
+from fedseg.engine.sites import SiteData
+from fedseg.engine.worker import SiteWorker
+from fedseg.methods import ClientContext, FederationSpec, Method, Payload, State, TrainSettings
+from fedseg.methods.base import Template
 
-__all__ = ["Simulation", "evaluate_site", "server_round"]
-
-
-def server_round(
-    method: Method,
-    uploads: Mapping[str, Payload],
-    state: State,
-    r: int,
-    train: TrainSettings,
-    seed: int,
-) -> ServerResult:
-    """The server step of round ``r`` with its generator seeded from (seed, round): the same
-    in every engine."""
-    gen = torch.Generator().manual_seed(derive_seed(seed, r, -1))
-    return method.server_step(uploads, state, ServerContext(method.spec, r, train, gen))
-
-
-def evaluate_site(
-    method: Method,
-    payload: Payload,
-    state: State,
-    site: SiteData,
-    ctx: ClientContext,
-    regions: Mapping[str, Sequence[int]],
-    batch_size: int,
-) -> dict[str, Any]:
-    """Score ``site`` on its test data with the model the method evaluates it with:
-    ``{"metrics": {metric: {region: value}}, "cases": n}``."""
-    model = method.eval_model(payload, state, ctx)
-    ev = evaluate(
-        model,
-        site.test_images,
-        site.test_masks,
-        regions,
-        batch_size=batch_size,
-        device=ctx.device,
-        spacing=site.test_spacing,
-        ids=site.test_ids,
-    )
-    return {"metrics": ev.metrics, "cases": ev.cases}
+__all__ = ["Simulation"]
 
 
 class Simulation:
-    """A federation of in-memory sites trained sequentially on one device.
+    """Sites trained one after another on one device, in this process.
 
-    The model is one workspace shared by all sites; a site's private state holds only what
-    its method keeps private, so memory does not grow by a full model per site.
+    ``sites`` are the real sites (a pooled method trains one virtual site on their union and
+    is evaluated on each of them).
     """
 
     def __init__(
@@ -80,83 +40,96 @@ class Simulation:
         seed: int = 0,
         device: torch.device | str = "cpu",
     ) -> None:
-        self.method, self.sites, self.train = method, dict(sites), train
-        self.seed, self.device = seed, torch.device(device)
-        self.train_sites = {POOLED: pooled_site(self.sites)} if method.pooled else self.sites
-        torch.manual_seed(seed)
-        self.model = method.build_model().to(self.device)
-        self.template = method.upload_template(self.model)
-        init = method.init_server(self.model)
-        self.payloads, self.server_state = init.payloads, init.state
-        self.states = {
-            n: method.init_client(self.model, s.spec) for n, s in self.train_sites.items()
-        }
+        self.method, self._train = method, train
+        self.link = InMemoryLink(
+            method.spec, sites, {"fg": [1]}, train=train, seed=seed, device=device
+        )
+        self.link.bind(method)
+        self.server = ServerCore(method, train, seed)
+        self.loop = RoundLoop(self.server, self.link, RoundPolicy(), "simulation", list(sites))
 
     @staticmethod
     def method_spec(
         method_cls: type[Method], spec: FederationSpec, sites: Mapping[str, SiteData]
     ) -> FederationSpec:
         """The spec a method sees: the real sites, or the one pooled site for CT."""
-        if not method_cls.pooled:
-            return spec
-        pooled = pooled_site(dict(sites)).spec
-        return FederationSpec(**{**asdict(spec), "sites": (pooled,), "pooled_sites": len(sites)})
+        return method_spec(method_cls, spec)
+
+    # -- views ---------------------------------------------------------------------------
+    @property
+    def train(self) -> TrainSettings:
+        return self._train
+
+    @train.setter
+    def train(self, value: TrainSettings) -> None:
+        """Change the training settings of the rounds still to come (server and sites)."""
+        self._train = self.server.train = self.link.train_cfg = value
+        for w in self.link.workers.values():
+            w.train_cfg = value
+
+    @property
+    def model(self) -> nn.Module:
+        """The sites' workspace network."""
+        return self.link.model
+
+    @property
+    def template(self) -> Template:
+        return self.server.upload_template
 
     @property
     def params(self) -> dict[str, int]:
-        return self.method.parts(self.model).params()
+        return self.server.params
+
+    @property
+    def payloads(self) -> dict[str, Payload]:
+        return self.server.payloads
+
+    @property
+    def server_state(self) -> State:
+        return self.server.state
+
+    @property
+    def sites(self) -> dict[str, SiteData]:
+        """The real sites."""
+        return self.link.sites
+
+    @property
+    def train_sites(self) -> dict[str, SiteData]:
+        return {n: w.data for n, w in self.link.workers.items()}
+
+    @property
+    def states(self) -> dict[str, State]:
+        """Every training site's current private state."""
+        return {
+            n: w.state(self.train.rounds + 1)[1]["method"] for n, w in self.link.workers.items()
+        }
 
     def context(self, site: SiteData, round_index: int) -> ClientContext:
-        return client_context(
-            site,
-            self.method.spec,
-            self.train,
-            round_index=round_index,
-            seed=self.seed,
-            model=self.model,
-            device=self.device,
+        """The context a client step of ``site`` in round ``round_index`` gets (the caller
+        seeds torch's RNG if it needs the engine's random streams)."""
+        return self._worker(site.spec.name).context(round_index, site)
+
+    def eval_model(self, site: str) -> nn.Module:
+        """The model ``site`` is evaluated with now (seeded as in the engine's evaluation)."""
+        key = site if site in self.link.workers else next(iter(self.link.workers))
+        return self.link.workers[key].eval_model(
+            self.train.rounds, self.payloads[key], self.sites[site]
         )
 
+    def _worker(self, name: str) -> SiteWorker:
+        return self.link.workers.get(name) or next(iter(self.link.workers.values()))
+
+    # -- work ----------------------------------------------------------------------------
     def round(self, r: int, participants: Sequence[str] | None = None) -> dict[str, Any]:
         """One round: every (or every listed) site's client step, then the server step."""
-        uploads, metrics = {}, {}
-        for name in participants or list(self.train_sites):
-            site = self.train_sites[name]
-            res = self.method.client_step(
-                self.payloads[name], self.states[name], self.context(site, r)
-            )
-            validate_upload(name, res.upload, self.template)
-            uploads[name], self.states[name], metrics[name] = res.upload, res.state, res.metrics
-        out = server_round(self.method, uploads, self.server_state, r, self.train, self.seed)
-        self.payloads, self.server_state = out.payloads, out.state
-        return {
-            "round": r,
-            "participants": list(uploads),
-            "clients": metrics,
-            "server": out.metrics,
-        }
+        return self.loop.round(r, list(participants) if participants else None)
 
     def evaluate(
         self, regions: Mapping[str, Sequence[int]], batch_size: int = 16
     ) -> dict[str, dict[str, Any]]:
-        """Score every real site on its test data with the model it is evaluated with."""
-        out = {}
-        for name, site in self.sites.items():
-            key = POOLED if self.method.pooled else name
-            ctx = self.context(site, self.train.rounds)
-            out[name] = evaluate_site(
-                self.method, self.payloads[key], self.states[key], site, ctx, regions, batch_size
-            )
-        return out
-
-    def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue after the last finished round."""
-        return {
-            "payloads": {s: asdict(p) for s, p in self.payloads.items()},
-            "server_state": self.server_state,
-            "client_states": self.states,
-        }
-
-    def load_state_dict(self, ck: Mapping[str, Any]) -> None:
-        self.payloads = {s: Payload(**p) for s, p in ck["payloads"].items()}
-        self.server_state, self.states = ck["server_state"], ck["client_states"]
+        """Score every real site on its test data with the model it is evaluated with:
+        ``{site: {"metrics": {metric: {region: value}}, "cases": n}}``."""
+        for w in self.link.workers.values():
+            w.regions, w.eval_batch_size = dict(regions), batch_size
+        per_site, _ = self.loop.evaluate(self.train.rounds)
+        return {s: {"metrics": v.metrics, "cases": v.cases} for s, v in per_site.items()}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -17,17 +18,40 @@ from fedseg.methods import ClientContext, FederationSpec, SiteSpec, TrainSetting
 if TYPE_CHECKING:
     from fedseg.data import FederatedDataset
 
-__all__ = ["POOLED", "SiteData", "batch_stream", "client_context", "derive_seed", "load_sites"]
+__all__ = [
+    "POOLED",
+    "SiteData",
+    "batch_stream",
+    "client_context",
+    "derive_seed",
+    "load_sites",
+    "ordered_stream",
+    "seeded",
+]
 
 POOLED = "pooled"
 """Name of the virtual site that pooled (centralized) methods train."""
 
 
 def derive_seed(seed: int, *keys: int) -> int:
-    """A 63-bit seed for ``(seed, *keys)``: each round and site gets an independent stream."""
+    """A 63-bit seed for ``(seed, *keys)``: each round and site gets an independent stream.
+
+    The engines use ``(seed, round, site index)`` for client steps, ``(seed, round, -1)`` for
+    server steps and ``(seed, -1, site index)`` for a site's initial state."""
     return int(
         np.random.SeedSequence([seed, *[k + 1 for k in keys]]).generate_state(2, np.uint64)[0] >> 1
     )
+
+
+@contextmanager
+def seeded(seed: int, device: torch.device | None = None) -> Iterator[None]:
+    """Run the block with torch's global RNG (and the CUDA one of ``device``) seeded with
+    ``seed``; the RNG state outside the block is left as it was. Modules that draw from the
+    global RNG (weight initialisation, dropout) are thereby reproducible per step."""
+    cuda = [device] if device is not None and device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
+        torch.manual_seed(seed)
+        yield
 
 
 @dataclass
@@ -114,18 +138,34 @@ def batch_stream(
     *,
     augment_batches: bool,
     device: torch.device,
+    drop_last: bool = True,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Endless shuffled batches (a new permutation each pass), optionally augmented."""
+    """Endless shuffled batches (a new permutation each pass), optionally augmented.
+
+    ``drop_last`` (iteration mode) skips a pass's incomplete last batch so that every batch
+    has the same size; without it (epoch mode) every sample is seen once per pass."""
     n = len(images)
     size = min(batch_size, n)
     while True:
         order = torch.randperm(n, generator=generator)
-        for start in range(0, n - size + 1, size):
+        stop = n - size + 1 if drop_last else n
+        for start in range(0, stop, size):
             idx = order[start : start + size]
             x, y = images[idx], labels[idx]
             if augment_batches:
                 x, y = augment(x, y, generator)
             yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+
+
+def ordered_stream(
+    images: torch.Tensor, labels: torch.Tensor, batch_size: int, device: torch.device
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """One pass over the samples in stored order, un-augmented."""
+    for start in range(0, len(images), batch_size):
+        yield (
+            images[start : start + batch_size].to(device, non_blocking=True),
+            labels[start : start + batch_size].to(device, non_blocking=True),
+        )
 
 
 def client_context(
@@ -138,11 +178,10 @@ def client_context(
     model: nn.Module,
     device: torch.device,
 ) -> ClientContext:
-    """The context of one client step, with every random stream derived from (seed, round,
-    site) so that a step is reproducible wherever and whenever it runs."""
-    step_seed = derive_seed(seed, round_index, site.spec.index)
-    torch.manual_seed(step_seed)
-    gen = torch.Generator().manual_seed(step_seed)
+    """The context of one client step; its generator (batch order, augmentation, method
+    sampling) is derived from (seed, round, site), so a step is reproducible wherever and
+    whenever it runs. The caller seeds torch's global RNG the same way (:func:`seeded`)."""
+    gen = torch.Generator().manual_seed(derive_seed(seed, round_index, site.spec.index))
     batches = batch_stream(
         site.train_images,
         site.train_labels,
@@ -150,8 +189,15 @@ def client_context(
         gen,
         augment_batches=train.augment,
         device=device,
+        drop_last=train.local_epochs is None,
     )
     val = None
     if site.val is not None:
         val = (site.val[0].to(device), site.val[1].to(device))
-    return ClientContext(site.spec, spec, round_index, train, model, batches, device, gen, val)
+
+    def ordered(batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        return ordered_stream(site.train_images, site.train_labels, batch_size, device)
+
+    return ClientContext(
+        site.spec, spec, round_index, train, model, batches, device, gen, val, ordered
+    )

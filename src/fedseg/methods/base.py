@@ -8,18 +8,20 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, NamedTuple
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 from torch import nn
 
-from fedseg.errors import UploadError
+from fedseg.errors import ConfigError, UploadError
 from fedseg.methods.partition import Partition, ResolvedPartition
+from fedseg.models.registry import ModelConfig, parse_model
 
 __all__ = [
+    "Batches",
     "ClientContext",
     "ClientResult",
     "FederationSpec",
@@ -30,12 +32,52 @@ __all__ = [
     "ServerResult",
     "SiteSpec",
     "State",
+    "Template",
+    "TensorSpec",
     "TrainSettings",
+    "batches_per_epoch",
+    "payload_size",
+    "template_of",
+    "validate_payload",
     "validate_upload",
 ]
 
 State = dict[str, Any]
 """Private state of a site or of the server: tensors, numbers, strings, lists and dicts."""
+
+Batches = Iterator[tuple[torch.Tensor, torch.Tensor]]
+"""(images, labels) training batches on the step's device."""
+
+
+class TensorSpec(NamedTuple):
+    """Expected shape and dtype of a payload tensor; ``None`` marks a variable dimension
+    (e.g. the number of prototypes a site sends), checked only for its presence (rank).
+    An ``optional`` tensor may be absent (e.g. MetaFed sends no teacher in some rounds)."""
+
+    shape: tuple[int | None, ...]
+    dtype: torch.dtype
+    optional: bool = False
+
+    def matches(self, t: torch.Tensor) -> bool:
+        """True when ``t`` has this dtype, rank and every fixed dimension."""
+        return (
+            t.dtype == self.dtype
+            and t.dim() == len(self.shape)
+            and all(w is None or w == g for w, g in zip(self.shape, t.shape, strict=True))
+        )
+
+    def describe(self) -> str:
+        dims = ", ".join("*" if d is None else str(d) for d in self.shape)
+        return f"{self.dtype} [{dims}]"
+
+
+Template = dict[str, TensorSpec]
+"""Name -> expected :class:`TensorSpec` of every tensor of a payload."""
+
+
+def template_of(state: Mapping[str, torch.Tensor], keys: Iterable[str]) -> Template:
+    """The fixed-shape template of ``state``'s entries ``keys``."""
+    return {k: TensorSpec(tuple(state[k].shape), state[k].dtype) for k in keys}
 
 
 class MethodConfig(BaseModel):
@@ -47,24 +89,44 @@ class MethodConfig(BaseModel):
 class TrainSettings(BaseModel):
     """Local-training settings shared by all methods (the YAML ``train:`` block)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    rounds: int = 10
+    rounds: PositiveInt = 10
     """Communication rounds."""
-    local_iters: int = 10
-    """Optimiser steps per site per round."""
-    batch_size: int = 8
-    optimizer: str = "adamw"
-    """``adamw``, ``adam`` or ``sgd`` (momentum 0.9)."""
-    lr: float = 1e-3
-    weight_decay: float = 1e-4
-    lr_schedule: str = "poly"
-    """``poly`` (power 0.9 over rounds, as FedLPPA) or ``constant``."""
+    local_iters: PositiveInt = 10
+    """Optimiser steps per site per round (unless ``local_epochs`` is set)."""
+    local_epochs: PositiveInt | None = None
+    """Passes over the site's training data per round instead of ``local_iters``: a site with
+    n samples makes ``local_epochs * ceil(n / batch_size)`` steps (the last batch of a pass
+    may be smaller), so sites of unequal size make unequal numbers of steps."""
+    batch_size: PositiveInt = 8
+    optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
+    """``adamw``, ``adam`` or ``sgd`` (with ``momentum``)."""
+    lr: PositiveFloat = 1e-3
+    momentum: float = Field(0.9, ge=0, lt=1)
+    """SGD momentum (0: plain SGD)."""
+    weight_decay: float = Field(1e-4, ge=0)
+    lr_schedule: Literal["poly", "constant", "cosine"] = "poly"
+    """``poly`` (power 0.9 over rounds, as FedLPPA), ``constant`` or ``cosine`` (to 0)."""
+    keep_optimizer_state: bool = False
+    """Keep each site's optimiser state (momentum, Adam moments) across rounds in its private
+    state, as FedBCS's and HarmoFL's code do (default: a fresh optimiser every round)."""
     augment: bool = True
     """Random flips, 90-degree rotations and intensity jitter on training batches."""
-    loss: str = "auto"
+    loss: Literal["auto", "pce", "ce_dice", "dice", "dice_bce"] = "auto"
     """``auto`` (pCE for weak labels, CE+Dice for full masks), ``pce``, ``ce_dice``,
-    ``dice_bce`` (binary tasks)."""
+    ``dice`` (soft Dice over all classes), ``dice_bce`` (binary tasks)."""
+
+    @model_validator(mode="after")
+    def _iters_or_epochs(self) -> TrainSettings:
+        if self.local_epochs is not None and "local_iters" in self.model_fields_set:
+            raise ValueError("set local_iters or local_epochs, not both")
+        return self
+
+
+def batches_per_epoch(num_samples: int, batch_size: int) -> int:
+    """Batches of one pass over ``num_samples`` samples (the last one may be smaller)."""
+    return max(1, math.ceil(num_samples / max(1, min(batch_size, num_samples))))
 
 
 @dataclass(frozen=True)
@@ -103,11 +165,27 @@ class FederationSpec:
 
 @dataclass
 class Payload:
-    """What travels between server and site: named tensors plus numbers."""
+    """What travels between server and site: named tensors plus numbers.
+
+    Per-class vectors (prototypes) travel as a zero-filled ``[K, D]`` tensor plus an int64
+    ``[K]`` count tensor: a class a site has not seen has count 0 and a zero row, never NaN.
+    """
 
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
     num_examples: int = 0
+
+
+def payload_size(payload: Payload) -> dict[str, int]:
+    """What ``payload`` puts on the wire: tensor count, values, and bytes (tensor data plus
+    8 bytes per number in ``metrics``; message framing is not counted)."""
+    values = sum(t.numel() for t in payload.tensors.values())
+    data = sum(t.numel() * t.element_size() for t in payload.tensors.values())
+    return {
+        "tensors": len(payload.tensors),
+        "values": values,
+        "bytes": data + 8 * len(payload.metrics),
+    }
 
 
 @dataclass
@@ -124,6 +202,8 @@ class ServerResult:
     """A server step's output: one payload per site, the new server state and metrics.
 
     ``metrics`` may hold JSON-serialisable values (lists for matrices) for ``rounds.jsonl``.
+    Payloads that are the same for several sites should be the same object: engines store
+    and checkpoint such a payload once.
     """
 
     payloads: dict[str, Payload]
@@ -136,8 +216,12 @@ class ClientContext:
     """Everything a client step may use besides its payload and private state.
 
     ``model`` is a workspace module shared by all sites of an engine; a step loads the
-    weights it needs into it. ``batches`` yields (images, labels) training batches already on
-    ``device``; ``val`` is the site's validation data (or ``None``).
+    weights it needs into it. ``batches`` yields shuffled (and, if configured, augmented)
+    (images, labels) training batches already on ``device``, endlessly; :meth:`steps` says
+    how many optimiser steps one round makes. :meth:`ordered_batches` is one ordered,
+    un-augmented pass over the training data. ``val`` is the site's validation data (or
+    ``None``). ``optimizer_state`` is managed by the engine: with ``keep_optimizer_state``,
+    :func:`~fedseg.methods.training.train_steps` restores and saves it by parameter name.
     """
 
     site: SiteSpec
@@ -145,17 +229,34 @@ class ClientContext:
     round: int
     train: TrainSettings
     model: nn.Module
-    batches: Iterator[tuple[torch.Tensor, torch.Tensor]]
+    batches: Batches
     device: torch.device
     generator: torch.Generator
     val: tuple[torch.Tensor, torch.Tensor] | None = None
+    ordered: Callable[[int], Batches] | None = None
+    optimizer_state: dict[str, Any] = field(default_factory=dict)
 
     def lr(self) -> float:
         """Learning rate of this round under the configured schedule."""
-        base = self.train.lr
+        base, t = self.train.lr, self.round / max(self.train.rounds, 1)
         if self.train.lr_schedule == "poly":
-            return base * (1 - self.round / max(self.train.rounds, 1)) ** 0.9
+            return base * (1 - t) ** 0.9
+        if self.train.lr_schedule == "cosine":
+            return base * 0.5 * (1 + math.cos(math.pi * t))
         return base
+
+    def steps(self) -> int:
+        """Optimiser steps of one round: ``local_iters``, or ``local_epochs`` passes."""
+        t = self.train
+        if t.local_epochs is None:
+            return t.local_iters
+        return t.local_epochs * batches_per_epoch(self.site.num_train, t.batch_size)
+
+    def ordered_batches(self, batch_size: int | None = None) -> Batches:
+        """One pass over the training data in stored order, without augmentation."""
+        if self.ordered is None:
+            raise ConfigError(f"site {self.site.name!r}: this engine gives no ordered pass")
+        return self.ordered(batch_size or self.train.batch_size)
 
 
 @dataclass
@@ -173,7 +274,8 @@ class Method(ABC):
 
     Subclasses set ``Config`` (their settings), ``partition`` (which weights travel), and
     implement :meth:`client_step` and :meth:`server_step`. Register with
-    ``@register_method("name")``.
+    ``@register_method("name")``. ``model`` is the network the run's ``model:`` block chose
+    (default: the UNet).
     """
 
     Config: ClassVar[type[MethodConfig]] = MethodConfig
@@ -184,17 +286,31 @@ class Method(ABC):
     """True when the engine trains one virtual site on the union of all training data."""
     summary: ClassVar[str] = ""
 
-    def __init__(self, config: MethodConfig, spec: FederationSpec) -> None:
+    def __init__(
+        self, config: MethodConfig, spec: FederationSpec, model: ModelConfig | None = None
+    ) -> None:
         self.config = config
         self.spec = spec
+        self.model_cfg = parse_model(model)
         self._parts: ResolvedPartition | None = None
 
     # -- model and partition -------------------------------------------------------------
     def build_model(self) -> nn.Module:
-        """The network every site trains; overridden by methods with add-on modules."""
-        from fedseg.models import UNet
+        """The network every site trains (the ``model:`` block); methods with add-on
+        modules override it."""
+        s = self.spec
+        return self.model_cfg.build(s.in_channels, s.num_classes, s.ndim)
 
-        return UNet(self.spec.in_channels, self.spec.num_classes, ndim=self.spec.ndim)
+    def unet_kwargs(self) -> dict[str, Any]:
+        """UNet options of the ``model:`` block for methods that build UNet-based networks;
+        ConfigError when the block names another network."""
+        kwargs = getattr(self.model_cfg, "unet_kwargs", None)
+        if kwargs is None:
+            raise ConfigError(
+                f"method {type(self).__name__} builds its own UNet-based network; "
+                f"model.name must be unet, got {self.model_cfg.name!r}"
+            )
+        return dict(kwargs())
 
     def parts(self, model: nn.Module) -> ResolvedPartition:
         """The partition resolved against ``model`` (cached)."""
@@ -202,10 +318,14 @@ class Method(ABC):
             self._parts = self.partition.resolve(model)
         return self._parts
 
-    def upload_template(self, model: nn.Module) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-        """Expected upload tensors: name -> (shape, dtype). Methods with extras extend it."""
-        state = model.state_dict()
-        return {k: (tuple(state[k].shape), state[k].dtype) for k in self.parts(model).upload}
+    def upload_template(self, model: nn.Module) -> Template:
+        """Expected upload tensors; methods that upload more than weights extend it."""
+        return template_of(model.state_dict(), self.parts(model).upload)
+
+    def download_template(self, model: nn.Module) -> Template:
+        """Expected tensors of what the server sends a site; methods that send more than the
+        partition's downloaded weights extend it."""
+        return template_of(model.state_dict(), self.parts(model).download)
 
     # -- initial state ---------------------------------------------------------------------
     def init_server(self, model: nn.Module) -> ServerResult:
@@ -235,6 +355,13 @@ class Method(ABC):
         self.load(ctx.model, payload, state)
         return ctx.model
 
+    def segment(self, model: nn.Module, images: torch.Tensor) -> torch.Tensor:
+        """Label maps ``[N, *S]`` of ``images`` from the evaluation model (in eval mode).
+
+        Default: arg-max over the output channels. Methods whose network outputs more
+        channels than classes (e.g. virtual classes) override this one hook."""
+        return model(images).argmax(1)
+
     # -- helpers for subclasses ------------------------------------------------------------
     def load(self, model: nn.Module, payload: Payload, state: State) -> None:
         """Load the downloaded and the private weights into ``model``."""
@@ -252,27 +379,53 @@ class Method(ABC):
         return parts.take(sd, parts.upload), {"weights": parts.take(sd, parts.private)}
 
 
+def validate_payload(
+    site: str,
+    payload: Payload,
+    template: Mapping[str, TensorSpec],
+    *,
+    what: str = "upload",
+    expected_examples: int | None = None,
+) -> None:
+    """Raise :class:`UploadError` unless ``payload`` has exactly the template's keys, dtypes,
+    ranks and fixed dimensions, finite values and finite metrics; an upload also needs a
+    positive example count, equal to ``expected_examples`` when given (the count the site
+    declared when it joined)."""
+    got = set(payload.tensors)
+    extra = sorted(got - set(template))
+    lack = sorted(k for k, spec in template.items() if k not in got and not spec.optional)
+    if extra or lack:
+        raise UploadError(f"site {site!r}: {what} has unknown keys {extra[:3]}, lacks {lack[:3]}")
+    for k, spec in template.items():
+        if k not in got:
+            continue
+        t = payload.tensors[k]
+        if not isinstance(t, torch.Tensor) or not spec.matches(t):
+            got_desc = f"{t.dtype} {list(t.shape)}" if isinstance(t, torch.Tensor) else type(t)
+            raise UploadError(
+                f"site {site!r}: {what} tensor {k} should be {spec.describe()}, got {got_desc}"
+            )
+        if t.is_floating_point() and not torch.isfinite(t).all():
+            raise UploadError(f"site {site!r}: {what} tensor {k} has non-finite values")
+    bad = [k for k, v in payload.metrics.items() if not math.isfinite(v)]
+    if bad:
+        raise UploadError(f"site {site!r}: {what} has non-finite metrics {bad}")
+    if what != "upload":
+        return
+    if payload.num_examples <= 0:
+        raise UploadError(f"site {site!r}: num_examples must be > 0, got {payload.num_examples}")
+    if expected_examples is not None and payload.num_examples != expected_examples:
+        raise UploadError(
+            f"site {site!r}: upload claims {payload.num_examples} examples, the site declared "
+            f"{expected_examples} training samples when it joined"
+        )
+
+
 def validate_upload(
     site: str,
     upload: Payload,
-    template: Mapping[str, tuple[tuple[int, ...], torch.dtype]],
+    template: Mapping[str, TensorSpec],
+    expected_examples: int | None = None,
 ) -> None:
-    """Raise :class:`UploadError` unless ``upload`` has exactly the template's keys, shapes
-    and dtypes, finite values and a positive example count."""
-    got, want = set(upload.tensors), set(template)
-    if got != want:
-        extra, lack = sorted(got - want), sorted(want - got)
-        raise UploadError(f"site {site!r}: upload has unknown keys {extra[:3]}, lacks {lack[:3]}")
-    for k, (shape, dtype) in template.items():
-        t = upload.tensors[k]
-        if tuple(t.shape) != shape or t.dtype != dtype:
-            raise UploadError(
-                f"site {site!r}: {k} should be {dtype} {list(shape)}, got {t.dtype} {list(t.shape)}"
-            )
-        if t.is_floating_point() and not torch.isfinite(t).all():
-            raise UploadError(f"site {site!r}: {k} has non-finite values")
-    if upload.num_examples <= 0:
-        raise UploadError(f"site {site!r}: num_examples must be > 0, got {upload.num_examples}")
-    bad = [k for k, v in upload.metrics.items() if not math.isfinite(v)]
-    if bad:
-        raise UploadError(f"site {site!r}: non-finite metrics {bad}")
+    """:func:`validate_payload` for a site's upload."""
+    validate_payload(site, upload, template, expected_examples=expected_examples)

@@ -19,6 +19,8 @@ from fedseg.methods.base import (
     ServerContext,
     ServerResult,
     State,
+    Template,
+    TensorSpec,
 )
 from fedseg.methods.fedbn import FedBN
 from fedseg.methods.registry import register_method
@@ -134,12 +136,12 @@ class FedAP(FedBN):
     summary = "FedAP: BN local; per-site mixture of models weighted by BN-statistics similarity"
 
     # -- client ----------------------------------------------------------------------------
-    def upload_template(self, model: nn.Module) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    def upload_template(self, model: nn.Module) -> Template:
         out = super().upload_template(model)
         for name, m in model.named_modules():
             if isinstance(m, BN_TYPES):
                 for part in ("mean", "var"):
-                    out[f"{STAT}{name}.{part}"] = ((m.num_features,), torch.float32)
+                    out[f"{STAT}{name}.{part}"] = TensorSpec((m.num_features,), torch.float32)
         return out
 
     def client_step(self, payload: Payload, state: State, ctx: ClientContext) -> ClientResult:

@@ -129,7 +129,11 @@ class FedICRA(PCSMethod):
         self._check_2d()
         s = self.spec
         return FedICRANet(
-            s.in_channels, s.num_classes, len(s.sites), aux_hidden=self.config.aux_hidden
+            s.in_channels,
+            s.num_classes,
+            len(s.sites),
+            aux_hidden=self.config.aux_hidden,
+            **self.unet_kwargs(),
         )
 
     # -- server --------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from fedseg.methods.base import (
     ServerContext,
     ServerResult,
     State,
+    Template,
 )
 from fedseg.methods.fedrep import HEADS, heads, trainable_only
 from fedseg.methods.partition import Partition, ResolvedPartition
@@ -176,7 +177,17 @@ class FedLC(PCSMethod):
             hc_kernel=c.hc_kernel,
             hc_sigma=c.hc_sigma,
             hc_threshold=c.hc_threshold,
+            **self.unet_kwargs(),
         )
+
+    def download_template(self, model: nn.Module) -> Template:
+        """The partition's download plus every site's head as ``peer_head.<i>.*``."""
+        out = super().download_template(model)
+        own = {k.rsplit(".", 1)[1]: v for k, v in out.items() if k.startswith(HEADS)}
+        for s in self.spec.sites:
+            for part, spec in own.items():
+                out[f"{PEER}.{s.index}.{part}"] = spec
+        return out
 
     # -- server --------------------------------------------------------------------------
     def init_server(self, model: nn.Module) -> ServerResult:

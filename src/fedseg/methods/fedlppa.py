@@ -39,6 +39,7 @@ from fedseg.methods.pseudo_label import dual_decoder_loss
 from fedseg.methods.registry import register_method
 from fedseg.methods.training import LossFn, segmentation_loss, train_steps
 from fedseg.models.fedlppa_net import FedLPPANet
+from fedseg.models.registry import ModelConfig
 from fedseg.models.tdf import Fusion, prompt_affinity
 
 __all__ = ["FedLPPA", "FedLPPAConfig", "aux_mixing"]
@@ -162,10 +163,12 @@ class FedLPPA(Method):
         "similarity aux aggregation, learnable aggregation and dual-decoder pseudo labels"
     )
 
-    def __init__(self, config: MethodConfig, spec: FederationSpec) -> None:
+    def __init__(
+        self, config: MethodConfig, spec: FederationSpec, model: ModelConfig | None = None
+    ) -> None:
         if not isinstance(config, FedLPPAConfig):
             raise ConfigError(f"FedLPPA needs a FedLPPAConfig, got {type(config).__name__}")
-        super().__init__(config, spec)
+        super().__init__(config, spec, model)
         self.cfg = config
         if config.tdf and len(spec.image_size) != spec.ndim:
             raise ConfigError(
@@ -186,6 +189,7 @@ class FedLPPA(Method):
             asp="asp" in c.prompts,
             fusion=c.fusion,
             tdf_dropout=c.tdf_dropout,
+            **self.unet_kwargs(),
         )
 
     def parts(self, model: nn.Module) -> ResolvedPartition:

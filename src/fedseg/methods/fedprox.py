@@ -13,6 +13,7 @@ from fedseg.methods.base import ClientContext, FederationSpec, Payload
 from fedseg.methods.fedavg import FedAvg
 from fedseg.methods.registry import register_method
 from fedseg.methods.wss import WSSConfig
+from fedseg.models.registry import ModelConfig
 
 __all__ = ["FedProx", "proximal_term"]
 
@@ -59,8 +60,10 @@ class FedProx(FedAvg):
     config: Config
     summary = "FedProx: FedAvg + proximal term mu/2 ||w - w_global||^2 in local training"
 
-    def __init__(self, config: Config, spec: FederationSpec) -> None:
-        super().__init__(config, spec)
+    def __init__(
+        self, config: Config, spec: FederationSpec, model: ModelConfig | None = None
+    ) -> None:
+        super().__init__(config, spec, model)
         if config.mu == 0:
             log.warning("fedprox with mu=0 is FedAvg (the proximal term vanishes)")
 

@@ -23,11 +23,13 @@ from fedseg.methods.base import (
     ServerResult,
     SiteSpec,
     State,
+    Template,
 )
 from fedseg.methods.fedbn import BN_LAYERS
 from fedseg.methods.partition import Partition, ResolvedPartition
 from fedseg.methods.registry import register_method
 from fedseg.methods.training import LossFn, segmentation_loss, train_steps
+from fedseg.models.registry import ModelConfig
 
 __all__ = ["MetaFed", "labeled_dice", "personal_lambda"]
 
@@ -131,8 +133,10 @@ class MetaFed(Method):
     personalized = True
     summary = "MetaFed: cyclic knowledge distillation along a fixed ring of sites, BN local"
 
-    def __init__(self, config: MethodConfig, spec: FederationSpec) -> None:
-        super().__init__(config, spec)
+    def __init__(
+        self, config: MethodConfig, spec: FederationSpec, model: ModelConfig | None = None
+    ) -> None:
+        super().__init__(config, spec, model)
         order = self.config.order or tuple(range(len(spec.sites)))
         if len(order) != len(spec.sites):
             raise ConfigError(
@@ -156,6 +160,10 @@ class MetaFed(Method):
     def teacher_of(self, site: str) -> str:
         """The ring predecessor of ``site`` (the first site's is the last)."""
         return self.ring[self.ring.index(site) - 1]
+
+    def download_template(self, model: nn.Module) -> Template:
+        """A teacher's uploaded weights, or nothing (no teacher this round)."""
+        return {k: v._replace(optional=True) for k, v in self.upload_template(model).items()}
 
     # -- server --------------------------------------------------------------------------
     def init_server(self, model: nn.Module) -> ServerResult:

@@ -10,7 +10,14 @@ from torch import nn
 from fedseg.losses import DiceBCELoss, PartialCrossEntropy, SoftDiceLoss
 from fedseg.methods.base import ClientContext
 
-__all__ = ["LossFn", "make_optimizer", "segmentation_loss", "train_steps"]
+__all__ = [
+    "LossFn",
+    "make_optimizer",
+    "restore_optimizer_state",
+    "save_optimizer_state",
+    "segmentation_loss",
+    "train_steps",
+]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -24,7 +31,41 @@ def make_optimizer(
         return torch.optim.AdamW(params, lr=lr, weight_decay=t.weight_decay)
     if t.optimizer == "adam":
         return torch.optim.Adam(params, lr=lr, weight_decay=t.weight_decay)
-    return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=t.weight_decay)
+    return torch.optim.SGD(params, lr=lr, momentum=t.momentum, weight_decay=t.weight_decay)
+
+
+def _names(model: nn.Module) -> dict[int, str]:
+    return {id(p): n for n, p in model.named_parameters()}
+
+
+def restore_optimizer_state(
+    opt: torch.optim.Optimizer, model: nn.Module, ctx: ClientContext
+) -> None:
+    """With ``train.keep_optimizer_state``, give ``opt``'s parameters the state (momentum,
+    Adam moments) they had at the end of the site's previous round, matched by name."""
+    if not ctx.train.keep_optimizer_state or not ctx.optimizer_state:
+        return
+    names = _names(model)
+    for group in opt.param_groups:
+        for p in group["params"]:
+            saved = ctx.optimizer_state.get(names.get(id(p), ""))
+            if saved is not None:
+                opt.state[p] = {
+                    k: v.to(p.device).clone() if torch.is_tensor(v) else v for k, v in saved.items()
+                }
+
+
+def save_optimizer_state(opt: torch.optim.Optimizer, model: nn.Module, ctx: ClientContext) -> None:
+    """With ``train.keep_optimizer_state``, record ``opt``'s per-parameter state by name in
+    ``ctx.optimizer_state`` (the engine keeps it with the site's private state)."""
+    if not ctx.train.keep_optimizer_state:
+        return
+    names = _names(model)
+    for p, st in opt.state.items():
+        if id(p) in names:
+            ctx.optimizer_state[names[id(p)]] = {
+                k: v.detach().cpu().clone() if torch.is_tensor(v) else v for k, v in st.items()
+            }
 
 
 def segmentation_loss(ctx: ClientContext) -> LossFn:
@@ -36,6 +77,8 @@ def segmentation_loss(ctx: ClientContext) -> LossFn:
         return PartialCrossEntropy(spec.ignore_index)
     if kind == "dice_bce":
         return DiceBCELoss()
+    if kind == "dice":
+        return SoftDiceLoss(spec.num_classes, ignore_index=spec.ignore_index)
     ce = PartialCrossEntropy(spec.ignore_index)
     dice = SoftDiceLoss(spec.num_classes, ignore_index=spec.ignore_index)
     return lambda logits, y: 0.5 * ce(logits, y) + 0.5 * dice(logits, y)
@@ -49,18 +92,21 @@ def train_steps(
     iters: int | None = None,
     regularizer: Callable[[], torch.Tensor] | None = None,
 ) -> dict[str, float]:
-    """Run ``iters`` (default ``train.local_iters``) optimiser steps on the site's batches.
+    """Run ``iters`` (default :meth:`ClientContext.steps`) optimiser steps on the site's
+    batches.
 
     ``params`` restricts what is optimised (default: all trainable parameters);
     ``regularizer`` adds a term such as FedProx's proximal penalty. Returns the mean loss.
+    With ``train.keep_optimizer_state`` the optimiser continues from the site's last round.
     """
     loss_fn = loss_fn or segmentation_loss(ctx)
     chosen = (
         list(params) if params is not None else [p for p in model.parameters() if p.requires_grad]
     )
     opt = make_optimizer(chosen, ctx)
+    restore_optimizer_state(opt, _owner(model), ctx)
     model.train()
-    n = ctx.train.local_iters if iters is None else iters
+    n = ctx.steps() if iters is None else iters
     total = 0.0
     for _ in range(n):
         images, labels = next(ctx.batches)
@@ -71,4 +117,12 @@ def train_steps(
         loss.backward()
         opt.step()
         total += float(loss.detach())
+    save_optimizer_state(opt, _owner(model), ctx)
     return {"loss": total / max(n, 1)}
+
+
+def _owner(model: nn.Module) -> nn.Module:
+    """The network whose parameter names key the optimiser state (views such as
+    ``DualOutputs`` wrap it as ``.net``)."""
+    inner = getattr(model, "net", None)
+    return inner if isinstance(inner, nn.Module) else model

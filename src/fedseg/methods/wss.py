@@ -58,7 +58,9 @@ class WSSMethod(Method):
         if not self.dual:
             return super().build_model()
         spec = self.spec
-        return DualDecoderUNet(spec.in_channels, spec.num_classes, ndim=spec.ndim)
+        return DualDecoderUNet(
+            spec.in_channels, spec.num_classes, ndim=spec.ndim, **self.unet_kwargs()
+        )
 
     def training_pair(self, model: nn.Module, ctx: ClientContext) -> tuple[nn.Module, LossFn]:
         """``(module to call on a batch, loss of its output and the labels)``.

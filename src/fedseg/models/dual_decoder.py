@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from fedseg.models.layers import Norm
 from fedseg.models.unet import CHANNELS, DROPOUT, Decoder, UNet
 
 __all__ = ["DualDecoderUNet", "DualOutputs", "kaiming_normal_init"]
@@ -47,9 +48,13 @@ class DualDecoderUNet(UNet):
         ndim: int = 2,
         channels: Sequence[int] = CHANNELS,
         dropout_p: Sequence[float] = DROPOUT,
+        norm_kind: Norm = "batch",
+        head_kernel: int = 3,
     ) -> None:
-        super().__init__(in_channels, num_classes, ndim, channels, dropout_p)
-        self.aux_decoder = Decoder(num_classes, ndim, channels)
+        super().__init__(
+            in_channels, num_classes, ndim, channels, dropout_p, norm_kind, head_kernel
+        )
+        self.aux_decoder = Decoder(num_classes, ndim, channels, None, norm_kind, head_kernel)
         kaiming_normal_init(self.aux_decoder)
 
     def forward_dual(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

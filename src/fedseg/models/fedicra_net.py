@@ -21,7 +21,8 @@ import torch
 from torch import nn
 
 from fedseg.models.fedlc_net import PromptedUNet
-from fedseg.models.unet import CHANNELS
+from fedseg.models.layers import Norm
+from fedseg.models.unet import CHANNELS, DROPOUT
 
 __all__ = ["AuxHead", "FedICRANet", "ICRAOutput"]
 
@@ -65,8 +66,13 @@ class FedICRANet(PromptedUNet):
         *,
         channels: Sequence[int] = CHANNELS,
         aux_hidden: int = 512,
+        dropout_p: Sequence[float] = DROPOUT,
+        norm_kind: Norm = "batch",
+        head_kernel: int = 3,
     ) -> None:
-        super().__init__(in_channels, num_classes, num_sites, channels)
+        super().__init__(
+            in_channels, num_classes, num_sites, channels, dropout_p, norm_kind, head_kernel
+        )
         self.aux_heads = nn.ModuleList(
             AuxHead(c, num_classes, aux_hidden) for c in (channels[2], channels[1], channels[0])
         )

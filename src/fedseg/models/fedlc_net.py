@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedseg.models.layers import conv
-from fedseg.models.unet import CHANNELS, Decoder, Encoder
+from fedseg.models.layers import Norm, conv
+from fedseg.models.unet import CHANNELS, DROPOUT, Decoder, Encoder
 
 __all__ = [
     "ChannelSelection",
@@ -177,12 +177,19 @@ class PromptedUNet(nn.Module):
     """
 
     def __init__(
-        self, in_channels: int, num_classes: int, num_sites: int, channels: Sequence[int]
+        self,
+        in_channels: int,
+        num_classes: int,
+        num_sites: int,
+        channels: Sequence[int],
+        dropout_p: Sequence[float] = DROPOUT,
+        norm_kind: Norm = "batch",
+        head_kernel: int = 3,
     ) -> None:
         super().__init__()
-        self.encoder = Encoder(in_channels, 2, channels)
+        self.encoder = Encoder(in_channels, 2, channels, dropout_p, norm_kind)
         self.pcs = ChannelSelection(channels[-1], num_sites)
-        self.decoder = Decoder(num_classes, 2, channels)
+        self.decoder = Decoder(num_classes, 2, channels, None, norm_kind, head_kernel)
         self.site = 0
 
     def encode(
@@ -228,8 +235,13 @@ class FedLCNet(PromptedUNet):
         hc_kernel: int = 31,
         hc_sigma: float = 6.0,
         hc_threshold: float = 0.2,
+        dropout_p: Sequence[float] = DROPOUT,
+        norm_kind: Norm = "batch",
+        head_kernel: int = 3,
     ) -> None:
-        super().__init__(in_channels, num_classes, num_sites, channels)
+        super().__init__(
+            in_channels, num_classes, num_sites, channels, dropout_p, norm_kind, head_kernel
+        )
         self.hc = HeadCalibration(num_classes, channels[0], hc_kernel, hc_sigma, hc_threshold)
         self.calibrate = False
         self.peer_heads: list[HeadWeights] | None = None
@@ -248,7 +260,10 @@ class FedLCNet(PromptedUNet):
         feature = out.feature.detach()
         with torch.no_grad():
             heads = torch.stack(
-                [torch.softmax(F.conv2d(feature, w, b, padding=1), 1) for w, b in peers]
+                [
+                    torch.softmax(F.conv2d(feature, w, b, padding=w.shape[-1] // 2), 1)
+                    for w, b in peers
+                ]
             )
             own = torch.softmax(out.logits.detach(), 1)
         return self.hc(feature, heads, own, site)

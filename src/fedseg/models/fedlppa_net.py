@@ -16,7 +16,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from fedseg.models.layers import batch_norm, conv
+from fedseg.models.layers import Norm, batch_norm, conv
 from fedseg.models.tdf import TDF, Fusion
 from fedseg.models.unet import CHANNELS, DROPOUT, Decoder, Encoder
 
@@ -97,20 +97,24 @@ class FedLPPANet(nn.Module):
         fusion: Fusion = "dual",
         tdf_dropout: float = 0.5,
         tdf_channels: int = 64,
+        channels: Sequence[int] = CHANNELS,
+        dropout_p: Sequence[float] = DROPOUT,
+        norm_kind: Norm = "batch",
+        head_kernel: int = 3,
     ) -> None:
         super().__init__()
         if len(image_size) != ndim:
             raise ValueError(f"image_size needs {ndim} sizes, got {tuple(image_size)}")
         self.ndim = ndim
-        self.encoder = Encoder(in_channels, ndim, CHANNELS, DROPOUT)
-        bottom = CHANNELS[-1]
+        self.encoder = Encoder(in_channels, ndim, channels, dropout_p, norm_kind)
+        bottom = channels[-1]
         self.tdf: TDF | None = None
         self.mlp: MLPBlock | None = None
         if tdf:
             self.tdf = TDF(
                 ndim,
                 bottom,
-                bottleneck_shape(image_size),
+                bottleneck_shape(image_size, len(channels)),
                 num_sites,
                 ukp=ukp,
                 asp=asp,
@@ -119,10 +123,10 @@ class FedLPPANet(nn.Module):
                 dropout_p=tdf_dropout,
             )
             bottom += tdf_channels
-            self.mlp = MLPBlock(ndim, bottom, CHANNELS[0])
-        self.decoder = Decoder(num_classes, ndim, CHANNELS, bottleneck_channels=bottom)
+            self.mlp = MLPBlock(ndim, bottom, channels[0])
+        self.decoder = Decoder(num_classes, ndim, channels, bottom, norm_kind, head_kernel)
         self.aux_decoder = (
-            Decoder(num_classes, ndim, CHANNELS, bottleneck_channels=bottom)
+            Decoder(num_classes, ndim, channels, bottom, norm_kind, head_kernel)
             if aux_decoder
             else None
         )

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from torch import nn
 
-__all__ = ["batch_norm", "conv", "dropout", "max_pool", "upsample_mode"]
+__all__ = ["NORMS", "Norm", "batch_norm", "conv", "dropout", "max_pool", "norm", "upsample_mode"]
+
+Norm = Literal["batch", "batch_stats", "instance", "group"]
+"""Normalisation of conv blocks: BatchNorm (affine, running statistics), ``batch_stats``
+(BatchNorm without affine parameters or running statistics: batch statistics in training
+and evaluation, as HarmoFL's and FedBCS's UNet), InstanceNorm (affine) or GroupNorm."""
+NORMS: tuple[Norm, ...] = ("batch", "batch_stats", "instance", "group")
 
 
 def _check(ndim: int) -> int:
@@ -22,6 +30,23 @@ def conv(ndim: int, in_ch: int, out_ch: int, kernel_size: int = 3, **kw: object)
 def batch_norm(ndim: int, channels: int) -> nn.Module:
     """``BatchNorm2d``/``BatchNorm3d``."""
     return (nn.BatchNorm2d if _check(ndim) == 2 else nn.BatchNorm3d)(channels)
+
+
+def norm(ndim: int, channels: int, kind: Norm = "batch", groups: int = 8) -> nn.Module:
+    """The normalisation layer ``kind`` (see :data:`Norm`) for ``channels`` channels."""
+    _check(ndim)
+    if kind == "batch":
+        return batch_norm(ndim, channels)
+    if kind == "batch_stats":
+        cls = nn.BatchNorm2d if ndim == 2 else nn.BatchNorm3d
+        return cls(channels, affine=False, track_running_stats=False)
+    if kind == "instance":
+        return (nn.InstanceNorm2d if ndim == 2 else nn.InstanceNorm3d)(channels, affine=True)
+    if kind == "group":
+        if channels % groups:
+            raise ValueError(f"group norm: {channels} channels are not divisible by {groups}")
+        return nn.GroupNorm(groups, channels)
+    raise ValueError(f"norm must be one of {NORMS}, got {kind!r}")
 
 
 def dropout(ndim: int, p: float) -> nn.Module:

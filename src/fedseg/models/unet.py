@@ -8,30 +8,44 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
+from pydantic import PositiveInt, model_validator
 from torch import nn
 
-from fedseg.models.layers import batch_norm, conv, dropout, max_pool, upsample_mode
+from fedseg.models.layers import Norm, conv, dropout, max_pool, norm, upsample_mode
+from fedseg.models.registry import ModelConfig, register_model
 
-__all__ = ["ConvBlock", "Decoder", "Encoder", "UNet", "UNetOutput", "UpBlock"]
+__all__ = [
+    "ConvBlock",
+    "Decoder",
+    "Encoder",
+    "UNet",
+    "UNetConfig",
+    "UNetOutput",
+    "UpBlock",
+    "level_names",
+]
 
 CHANNELS = (16, 32, 64, 128, 256)
 DROPOUT = (0.05, 0.1, 0.2, 0.3, 0.5)
 
 
 class ConvBlock(nn.Sequential):
-    """conv3 - BN - LeakyReLU - Dropout - conv3 - BN - LeakyReLU."""
+    """conv3 - norm - LeakyReLU - Dropout - conv3 - norm - LeakyReLU (norm: BN by default)."""
 
-    def __init__(self, ndim: int, in_ch: int, out_ch: int, p: float) -> None:
+    def __init__(
+        self, ndim: int, in_ch: int, out_ch: int, p: float, norm_kind: Norm = "batch"
+    ) -> None:
         super().__init__(
             conv(ndim, in_ch, out_ch),
-            batch_norm(ndim, out_ch),
+            norm(ndim, out_ch, norm_kind),
             nn.LeakyReLU(),
             dropout(ndim, p),
             conv(ndim, out_ch, out_ch),
-            batch_norm(ndim, out_ch),
+            norm(ndim, out_ch, norm_kind),
             nn.LeakyReLU(),
         )
 
@@ -45,12 +59,14 @@ class Encoder(nn.Module):
         ndim: int = 2,
         channels: Sequence[int] = CHANNELS,
         dropout_p: Sequence[float] = DROPOUT,
+        norm_kind: Norm = "batch",
     ) -> None:
         super().__init__()
         self.pool = max_pool(ndim)
         chans = [in_channels, *channels]
         self.blocks = nn.ModuleList(
-            ConvBlock(ndim, chans[i], chans[i + 1], dropout_p[i]) for i in range(len(channels))
+            ConvBlock(ndim, chans[i], chans[i + 1], dropout_p[i], norm_kind)
+            for i in range(len(channels))
         )
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
@@ -64,11 +80,19 @@ class Encoder(nn.Module):
 class UpBlock(nn.Module):
     """conv1x1 - x2 interpolation - concat with the skip feature - ConvBlock."""
 
-    def __init__(self, ndim: int, in_ch: int, skip_ch: int, out_ch: int, p: float = 0.0) -> None:
+    def __init__(
+        self,
+        ndim: int,
+        in_ch: int,
+        skip_ch: int,
+        out_ch: int,
+        p: float = 0.0,
+        norm_kind: Norm = "batch",
+    ) -> None:
         super().__init__()
         self.mode = upsample_mode(ndim)
         self.reduce = conv(ndim, in_ch, skip_ch, kernel_size=1)
-        self.conv = ConvBlock(ndim, 2 * skip_ch, out_ch, p)
+        self.conv = ConvBlock(ndim, 2 * skip_ch, out_ch, p, norm_kind)
 
     def forward(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
         x = F.interpolate(self.reduce(x), size=skip.shape[2:], mode=self.mode, align_corners=True)
@@ -76,7 +100,8 @@ class UpBlock(nn.Module):
 
 
 class Decoder(nn.Module):
-    """Four UpBlocks and a conv3 head; ``bottleneck_channels`` lets add-ons widen the input."""
+    """UpBlocks and a conv head (3x3 by default); ``bottleneck_channels`` lets add-ons widen
+    the input."""
 
     def __init__(
         self,
@@ -84,13 +109,17 @@ class Decoder(nn.Module):
         ndim: int = 2,
         channels: Sequence[int] = CHANNELS,
         bottleneck_channels: int | None = None,
+        norm_kind: Norm = "batch",
+        head_kernel: int = 3,
     ) -> None:
         super().__init__()
         bottom = bottleneck_channels or channels[-1]
         ins = [bottom, *reversed(channels[1:-1])]
         skips = list(reversed(channels[:-1]))
-        self.ups = nn.ModuleList(UpBlock(ndim, i, s, s) for i, s in zip(ins, skips, strict=True))
-        self.head = conv(ndim, channels[0], num_classes)
+        self.ups = nn.ModuleList(
+            UpBlock(ndim, i, s, s, norm_kind=norm_kind) for i, s in zip(ins, skips, strict=True)
+        )
+        self.head = conv(ndim, channels[0], num_classes, kernel_size=head_kernel)
 
     def features(self, feats: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Decoder features from the deepest to the last (full-resolution) one."""
@@ -105,6 +134,13 @@ class Decoder(nn.Module):
         return self.head(self.features(feats)[-1])
 
 
+def level_names(levels: int) -> tuple[list[str], list[str]]:
+    """Names of a ``levels``-deep UNet's features: ``enc1`` (full resolution) ... ``enc<L>``
+    (the bottleneck) and ``dec<L-1>`` ... ``dec1`` (decoder outputs, ``dec<k>`` at the
+    resolution of ``enc<k>``), in the order the network computes them."""
+    return [f"enc{i + 1}" for i in range(levels)], [f"dec{i}" for i in range(levels - 1, 0, -1)]
+
+
 @dataclass
 class UNetOutput:
     """Logits plus the multi-level features that prototype and prompt methods need."""
@@ -112,6 +148,12 @@ class UNetOutput:
     logits: torch.Tensor
     encoder: list[torch.Tensor]
     decoder: list[torch.Tensor]
+
+    @property
+    def features(self) -> dict[str, torch.Tensor]:
+        """Every feature by name (see :func:`level_names`)."""
+        enc, dec = level_names(len(self.encoder))
+        return dict(zip(enc + dec, self.encoder + self.decoder, strict=True))
 
 
 class UNet(nn.Module):
@@ -130,6 +172,8 @@ class UNet(nn.Module):
         ndim: int = 2,
         channels: Sequence[int] = CHANNELS,
         dropout_p: Sequence[float] = DROPOUT,
+        norm_kind: Norm = "batch",
+        head_kernel: int = 3,
     ) -> None:
         super().__init__()
         if len(channels) != len(dropout_p):
@@ -138,8 +182,8 @@ class UNet(nn.Module):
                 f"{len(dropout_p)}"
             )
         self.ndim = ndim
-        self.encoder = Encoder(in_channels, ndim, channels, dropout_p)
-        self.decoder = Decoder(num_classes, ndim, channels)
+        self.encoder = Encoder(in_channels, ndim, channels, dropout_p, norm_kind)
+        self.decoder = Decoder(num_classes, ndim, channels, None, norm_kind, head_kernel)
 
     def forward_features(self, x: torch.Tensor) -> UNetOutput:
         """Run the network and keep every encoder and decoder feature."""
@@ -149,3 +193,44 @@ class UNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.decoder(self.encoder(x))
+
+
+@register_model("unet")
+class UNetConfig(ModelConfig):
+    """The PyMIC/WSL4MIS UNet (default) and its variants, e.g. HarmoFL's normalisation.
+
+    ``widths`` are the channels per level (the last one is the bottleneck), ``dropout`` the
+    dropout probability per level (same length), ``norm`` the normalisation of every conv
+    block, ``head_kernel`` the size of the output convolution (3, or 1 as HarmoFL/FedBCS).
+    """
+
+    name: Literal["unet"] = "unet"
+    widths: tuple[PositiveInt, ...] = CHANNELS
+    dropout: tuple[float, ...] = DROPOUT
+    norm: Norm = "batch"
+    head_kernel: Literal[1, 3] = 3
+
+    @model_validator(mode="after")
+    def _same_length(self) -> UNetConfig:
+        if len(self.widths) != len(self.dropout):
+            raise ValueError(
+                f"widths and dropout need the same length, got {len(self.widths)} and "
+                f"{len(self.dropout)}"
+            )
+        if len(self.widths) < 2:
+            raise ValueError(f"widths needs at least 2 levels, got {list(self.widths)}")
+        if any(not 0 <= p < 1 for p in self.dropout):
+            raise ValueError(f"dropout values must be in [0, 1), got {list(self.dropout)}")
+        return self
+
+    def unet_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of :class:`UNet` (and of networks built from its parts)."""
+        return {
+            "channels": self.widths,
+            "dropout_p": self.dropout,
+            "norm_kind": self.norm,
+            "head_kernel": self.head_kernel,
+        }
+
+    def build(self, in_channels: int, num_classes: int, ndim: int) -> nn.Module:
+        return UNet(in_channels, num_classes, ndim, **self.unet_kwargs())

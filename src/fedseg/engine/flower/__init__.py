@@ -1,11 +1,11 @@
 """Real multi-site federation on Flower: the same method code as the in-process engine.
 
-* :mod:`~fedseg.engine.flower.records`: payloads, specs and metrics as Flower records.
-* :mod:`~fedseg.engine.flower.site`: a site's side (its data, private state, client steps);
-  :mod:`~fedseg.engine.flower.site_state` keeps the private state on the site's disk.
-* :mod:`~fedseg.engine.flower.coordinator`: the server's global state, upload validation and
-  server step; :mod:`~fedseg.engine.flower.federation`: the round loop and run directory over
-  any :class:`~fedseg.engine.flower.federation.Link`.
+* :mod:`~fedseg.engine.flower.records`: payloads and metrics as Flower records.
+* :mod:`~fedseg.engine.flower.site`: a site's side (a :class:`~fedseg.engine.worker.SiteWorker`
+  over its own data); :mod:`~fedseg.engine.flower.site_state` keeps the private state on the
+  site's disk.
+* :mod:`~fedseg.engine.flower.link`: the engine's round loop (:mod:`fedseg.engine.loop`, the
+  same as in-process) over Flower messages, with any transport.
 * :mod:`~fedseg.engine.flower.server_app` / :mod:`~fedseg.engine.flower.client_app`: the
   Flower ``ServerApp`` (with the Grid link) and ``ClientApp``.
 * :mod:`~fedseg.engine.flower.launcher`: a SuperLink and SuperNodes on loopback;

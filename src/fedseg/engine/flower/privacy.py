@@ -19,6 +19,7 @@ from torch import nn
 
 from fedseg.errors import FedsegError
 from fedseg.methods import FederationSpec, SiteSpec, get_method, list_methods, modules_of_type
+from fedseg.methods.base import Template
 
 __all__ = ["PrivacyRow", "privacy_rows", "privacy_table", "reference_spec", "update_markdown"]
 
@@ -66,19 +67,34 @@ def _groups(keys: Iterable[str], all_keys: list[str], bn: set[str], stats: set[s
     return ", ".join(out) or "nothing"
 
 
-def _extras(template: dict[str, tuple[tuple[int, ...], object]]) -> str:
-    """Uploaded non-weight tensors, grouped by their first name component."""
-    groups: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for key, (shape, _) in template.items():
+def _extras(template: Template) -> str:
+    """Non-weight tensors of a template, grouped by their first name component; variable
+    dimensions (e.g. a number of prototypes) are shown as such."""
+    groups: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for key, spec in template.items():
         g = groups[key.split(".")[0]]
         g[0] += 1
-        g[1] += math.prod(shape)
-    return ", ".join(f"{g}.* ({n} tensors, {v:,} values)" for g, (n, v) in groups.items())
+        if any(d is None for d in spec.shape):
+            g[2] += 1
+        else:
+            g[1] += math.prod(d for d in spec.shape if d is not None)
+    return ", ".join(
+        f"{g}.* ({n} tensors, {v:,} values{', some of variable size' if var else ''})"
+        for g, (n, v, var) in groups.items()
+    )
+
+
+def _stat_buffers(model: nn.Module, keys: Iterable[str], bn: set[str]) -> list[str]:
+    """Uploaded buffers other than BatchNorm statistics: they may hold data statistics
+    (e.g. HarmoFL's running amplitude spectrum), so the table names them."""
+    params = {n for n, _ in model.named_parameters()}
+    return [k for k in keys if k not in params and k not in bn]
 
 
 class PrivacyRow(dict):  # type: ignore[type-arg]
     """One method's row: ``method``, ``uploads``, ``upload``, ``download``, ``private``,
-    ``extra`` (non-weight upload tensors), ``note``."""
+    ``extra`` (non-weight upload tensors), ``down_extra`` (non-weight tensors sent to a
+    site), ``buffers`` (uploaded non-BN buffers, which may hold data statistics), ``note``."""
 
 
 def privacy_rows(spec: FederationSpec | None = None, pattern: str = "*") -> list[PrivacyRow]:
@@ -103,6 +119,10 @@ def privacy_rows(spec: FederationSpec | None = None, pattern: str = "*") -> list
         stats = bn - {n for n, _ in model.named_parameters()}
         params = parts.params()
         extra = {k: v for k, v in template.items() if k not in parts.upload}
+        down_extra = {
+            k: v for k, v in method.download_template(model).items() if k not in parts.download
+        }
+        buffers = _stat_buffers(model, parts.upload, bn)
         rows.append(
             PrivacyRow(
                 method=name,
@@ -112,6 +132,8 @@ def privacy_rows(spec: FederationSpec | None = None, pattern: str = "*") -> list
                 private=parts.count(parts.private),
                 total=params["total"],
                 extra=_extras(extra),
+                down_extra=_extras(down_extra),
+                buffers=", ".join(buffers),
                 note="",
             )
         )
@@ -123,16 +145,18 @@ def privacy_table(spec: FederationSpec | None = None, pattern: str = "*") -> str
     spec = spec or reference_spec()
     head = (
         "| Method | Weights a site uploads each round | Upload | Download | Private | "
-        "Other uploaded tensors |\n|---|---|---:|---:|---:|---|"
+        "Other uploaded tensors | Other tensors sent to a site | Uploaded non-BN buffers |"
+        "\n|---|---|---:|---:|---:|---|---|---|"
     )
     lines = [head]
     for row in privacy_rows(spec, pattern):
         if "uploads" not in row:
-            lines.append(f"| {row['method']} | {row['note']} | | | | |")
+            lines.append(f"| {row['method']} | {row['note']} | | | | | | |")
             continue
         lines.append(
             f"| {row['method']} | {row['uploads']} | {row['upload']:,} | {row['download']:,} | "
-            f"{row['private']:,} | {row['extra'] or '-'} |"
+            f"{row['private']:,} | {row['extra'] or '-'} | {row['down_extra'] or '-'} | "
+            f"{row['buffers'] or '-'} |"
         )
     ch, k, n = spec.in_channels, spec.num_classes, len(spec.sites)
     foot = (

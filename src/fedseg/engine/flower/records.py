@@ -3,20 +3,20 @@
 Every message holds a ``ConfigRecord`` envelope (:data:`META`: run id, round, site name,
 example count, the federation spec as JSON) and, depending on its kind, the payload's
 tensors (:data:`ARRAYS`), the payload's numbers (:data:`METRICS`), a client step's metrics
-(:data:`TRAIN_METRICS`) or a site's evaluation (:data:`EVAL`).
+(:data:`TRAIN_METRICS`) or a site's evaluation (:data:`EVAL`: per-region means, the case
+count and every case's values keyed by its position, never its id).
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
-from dataclasses import asdict
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
+from fedseg.engine.worker import EvalReply
 from fedseg.errors import UploadError
-from fedseg.methods import FederationSpec, Payload, SiteSpec
+from fedseg.methods import Payload
 
 __all__ = [
     "ARRAYS",
@@ -31,8 +31,6 @@ __all__ = [
     "read_meta",
     "read_metrics",
     "read_payload",
-    "spec_from_json",
-    "spec_to_json",
 ]
 
 ARRAYS = "arrays"
@@ -40,19 +38,6 @@ METRICS = "metrics"
 TRAIN_METRICS = "train-metrics"
 EVAL = "eval"
 META = "fedseg"
-
-
-def spec_to_json(spec: FederationSpec) -> str:
-    """The federation spec as JSON (sites in their global order)."""
-    return json.dumps(asdict(spec))
-
-
-def spec_from_json(text: str) -> FederationSpec:
-    """Inverse of :func:`spec_to_json`."""
-    raw = json.loads(text)
-    sites = tuple(SiteSpec(**s) for s in raw.pop("sites"))
-    image_size = tuple(raw.pop("image_size", ()))
-    return FederationSpec(**raw, sites=sites, image_size=image_size)
 
 
 def metric_record(values: Mapping[str, Any]) -> MetricRecord:
@@ -116,21 +101,43 @@ def read_payload(body: RecordDict) -> Payload:
     return Payload(tensors, read_metrics(metrics if isinstance(metrics, MetricRecord) else None), n)
 
 
-def eval_record(metrics: Mapping[str, Mapping[str, float]], cases: int) -> MetricRecord:
-    """``{metric: {region: value}}`` and the case count as one flat MetricRecord."""
+def eval_record(
+    metrics: Mapping[str, Mapping[str, float]],
+    cases: int,
+    per_case: Sequence[Mapping[str, Any]] = (),
+) -> MetricRecord:
+    """``{metric: {region: value}}``, the case count and each case's values
+    (``case/<i>/<metric>/<region>``) as one flat MetricRecord."""
     flat: dict[str, Any] = {
         f"{m}/{r}": float(v) for m, per in metrics.items() for r, v in per.items()
     }
+    for i, case in enumerate(per_case):
+        for m, per in case["metrics"].items():
+            for r, v in per.items():
+                flat[f"case/{i}/{m}/{r}"] = float(v)
     flat["cases"] = int(cases)
     return MetricRecord(flat)
 
 
-def read_eval(record: MetricRecord) -> dict[str, Any]:
-    """Inverse of :func:`eval_record`: ``{"metrics": {metric: {region: value}}, "cases": n}``."""
+def read_eval(record: MetricRecord) -> EvalReply:
+    """Inverse of :func:`eval_record` (per-case ids are not sent: cases are numbered)."""
     metrics: dict[str, dict[str, float]] = {}
+    cases: dict[int, dict[str, dict[str, float]]] = {}
     for key, value in record.items():
         if key == "cases":
             continue
-        m, _, r = key.partition("/")
-        metrics.setdefault(m, {})[r] = float(value)  # type: ignore[arg-type]
-    return {"metrics": metrics, "cases": int(record["cases"])}  # type: ignore[arg-type]
+        if not isinstance(value, int | float) or "/" not in key:
+            raise UploadError(f"unexpected evaluation entry {key!r}: {value!r}")
+        if key.startswith("case/"):
+            _, i, m, r = [*key.split("/", 3), "", ""][:4]
+            if not i.isdigit() or not r:
+                raise UploadError(f"unexpected evaluation entry {key!r}")
+            cases.setdefault(int(i), {}).setdefault(m, {})[r] = float(value)
+        else:
+            m, _, r = key.partition("/")
+            metrics.setdefault(m, {})[r] = float(value)
+    per_case = [{"index": i, "id": None, "metrics": cases[i]} for i in sorted(cases)]
+    n = record["cases"]
+    if not isinstance(n, int) or isinstance(n, bool):
+        raise UploadError(f"evaluation 'cases' must be an int, got {n!r}")
+    return EvalReply(metrics, n, per_case)

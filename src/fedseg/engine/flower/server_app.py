@@ -18,12 +18,12 @@ from flwr.app import Context, Message, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
-from fedseg.engine.flower.coordinator import Reply
-from fedseg.engine.flower.federation import FederationServer
+from fedseg.engine.flower.link import Reply, run_federation
 from fedseg.engine.flower.logs import configure_logging
 from fedseg.engine.flower.records import content, read_meta
 from fedseg.engine.flower.settings import FlowerSettings, run_config_of
 from fedseg.errors import FedsegError, UploadError
+from fedseg.outputs import write_run_outputs
 
 __all__ = ["GridLink", "app"]
 
@@ -42,7 +42,7 @@ LIVENESS_CHECK = 5.0
 
 
 class GridLink:
-    """:class:`~fedseg.engine.flower.federation.Link` over a Flower ``Grid``.
+    """The :class:`~fedseg.engine.flower.link.Transport` over a Flower ``Grid``.
 
     New nodes are greeted (``query.hello``) whenever the server looks for sites, also while
     it waits for a round's replies: a site that crashed and restarted shows up as a new node,
@@ -203,7 +203,8 @@ def main(grid: Grid, context: Context) -> None:
     configure_logging(settings.run_dir)
     try:
         cfg = run_config_of(context.run_config)
-        FederationServer(cfg, settings, GridLink(grid, settings.poll_interval)).run()
+        results = run_federation(cfg, settings, GridLink(grid, settings.poll_interval))
+        write_run_outputs(settings.run_dir, results)
     except FedsegError as e:
         log.error("run failed: %s", e.reason)
         raise

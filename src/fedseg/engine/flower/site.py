@@ -1,9 +1,10 @@
 """A site's side of a Flower run: its own data, its private state, the method's client steps.
 
-Every message starts a fresh ClientApp process, so each handler loads the site's data, builds
-the method and the model, restores the private state from the site's disk, works, and saves
-the new state before replying. The handlers take and return Flower ``RecordDict`` bodies and
-know nothing else about Flower, so tests can drive them in-process.
+Every message is answered by a :class:`~fedseg.engine.worker.SiteWorker` (the same class the
+in-process engine uses) over this site's data, with the private state kept in files on the
+site's disk (:class:`~fedseg.engine.flower.site_state.SiteStateStore`). The handlers take and
+return Flower ``RecordDict`` bodies and know nothing else about Flower, so tests can drive
+them in-process.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import logging
 import re
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -21,32 +22,18 @@ from flwr.app import RecordDict
 
 from fedseg.config import RunConfig, method_config
 from fedseg.data import FederatedDataset
-from fedseg.engine.flower.records import (
-    content,
-    eval_record,
-    read_meta,
-    read_payload,
-    spec_from_json,
-)
+from fedseg.engine.flower.records import content, eval_record, read_meta, read_payload
 from fedseg.engine.flower.settings import SiteConfig, run_config_of
 from fedseg.engine.flower.site_state import SiteStateStore
-from fedseg.engine.runner import resolve_device
-from fedseg.engine.simulation import evaluate_site
-from fedseg.engine.sites import SiteData, client_context, load_sites
+from fedseg.engine.server import spec_from_json
+from fedseg.engine.sites import load_sites
+from fedseg.engine.worker import SiteWorker, initial_model
 from fedseg.errors import ConfigError, DataError, UploadError
-from fedseg.methods import (
-    ClientContext,
-    ClientResult,
-    FederationSpec,
-    Method,
-    Payload,
-    State,
-    get_method,
-)
+from fedseg.methods import FederationSpec, Method, get_method
+from fedseg.models import parse_model
 
 __all__ = [
     "SiteRuntime",
-    "Step",
     "fedseg_version",
     "handle_evaluate",
     "handle_hello",
@@ -74,21 +61,7 @@ def method_for(cfg: RunConfig, spec: FederationSpec) -> Method:
             f"method {cfg.method_name!r} trains on the pooled data of all sites and cannot run "
             "as a federation; use `fedseg run` (in-process) for it"
         )
-    return cls(method_config(cfg.method), spec)
-
-
-@dataclass
-class Step:
-    """The inputs of one client step or evaluation on a site."""
-
-    method: Method
-    data: SiteData
-    regions: dict[str, list[int]]
-    store: SiteStateStore
-    start: int
-    """Round of the private state the step starts from (-1: the initial state)."""
-    state: State
-    ctx: ClientContext
+    return cls(method_config(cfg.method), spec, parse_model(cfg.model))
 
 
 _RUN_UID = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -98,15 +71,17 @@ class SiteRuntime:
     """One site of one run: ``cfg`` from the run config, ``site`` from the node config."""
 
     def __init__(self, cfg: RunConfig, site: SiteConfig) -> None:
+        from fedseg.engine.runner import resolve_device
+
         self.cfg, self.site = cfg, site
         self.device = resolve_device(site.device or cfg.engine.device)
         if site.threads:
             torch.set_num_threads(site.threads)
 
-    def store(self, run_uid: str) -> SiteStateStore:
+    def store(self, run_uid: str, keep: int = 2) -> SiteStateStore:
         if not _RUN_UID.fullmatch(run_uid):
             raise UploadError(f"invalid run id {run_uid!r}: expected letters, digits, '-' or '_'")
-        return SiteStateStore(self.site.state_root / run_uid)
+        return SiteStateStore(self.site.state_root / run_uid, keep)
 
     def describe(self) -> dict[str, Any]:
         """What the server may know about this site (no data): its SiteSpec and the task."""
@@ -125,8 +100,9 @@ class SiteRuntime:
             "fedseg-version": fedseg_version(),
         }
 
-    def load(self, spec: FederationSpec) -> tuple[Method, SiteData, dict[str, list[int]]]:
-        """The method, this site's data (with its global index) and the evaluation regions."""
+    def worker(self, spec: FederationSpec, run_uid: str, keep: int = 2) -> SiteWorker:
+        """This site's worker for ``spec`` (its data with its global index, the method, the
+        run's initial model, the state files of ``run_uid``)."""
         fed = FederatedDataset.open(self.site.data_dir)
         name = self.site.name
         _, sites = load_sites(fed, self.cfg.data.labels, [name], self.cfg.eval.split)
@@ -143,60 +119,18 @@ class SiteRuntime:
                 f"training samples, the data folder now has {data.spec.num_train} "
                 f"{data.spec.annotation!r}"
             )
-        return method_for(self.cfg, spec), replace(data, spec=want), fed.manifest.regions
-
-    def model(self, method: Method) -> torch.nn.Module:
-        """The workspace model, built from the run's seed exactly as the in-process engine."""
-        torch.manual_seed(self.cfg.seed)
-        return method.build_model().to(self.device)
-
-    def state(
-        self, method: Method, model: torch.nn.Module, store: SiteStateStore, r: int
-    ) -> tuple[int, State]:
-        """``(round, state)``: the newest saved state before round ``r``, or the initial one.
-
-        The initial state repeats the in-process engine's start (``init_server``, then
-        ``init_client`` of the sites in order) so that any random draws match it.
-        """
-        prev = store.latest_before(r)
-        if prev is not None:
-            return prev
-        method.upload_template(model)
-        method.init_server(model)
-        for s in method.spec.sites:
-            state = method.init_client(model, s)
-            if s.name == self.site.name:
-                return -1, state
-        raise ConfigError(f"site {self.site.name!r} is not part of this run")
-
-    def prepare(self, spec: FederationSpec, r: int, run_uid: str) -> Step:
-        """Everything a step of round ``r`` needs, built as the in-process engine builds it."""
-        method, data, regions = self.load(spec)
-        model = self.model(method)
-        store = self.store(run_uid)
-        start, state = self.state(method, model, store, r)
-        ctx = client_context(
-            data, spec, self.cfg.train, round_index=r, seed=self.cfg.seed, model=model,
+        method = method_for(self.cfg, spec)
+        return SiteWorker(
+            method,
+            replace(data, spec=want),
+            train=self.cfg.train,
+            seed=self.cfg.seed,
             device=self.device,
-        )  # fmt: skip
-        return Step(method, data, regions, store, start, state, ctx)
-
-    def train(
-        self, r: int, payload: Payload, spec: FederationSpec, run_uid: str, keep: int = 2
-    ) -> tuple[ClientResult, int]:
-        """Client step of round ``r``; saves the new private state before returning."""
-        step = self.prepare(spec, r, run_uid)
-        res = step.method.client_step(payload, step.state, step.ctx)
-        step.store.save(r, res.state, keep)
-        return res, step.start
-
-    def evaluate(self, payload: Payload, spec: FederationSpec, run_uid: str) -> dict[str, Any]:
-        """Score this site's test split with the model the method evaluates it with."""
-        step = self.prepare(spec, self.cfg.train.rounds, run_uid)
-        return evaluate_site(
-            step.method, payload, step.state, step.data, step.ctx, step.regions,
-            self.cfg.eval.batch_size,
-        )  # fmt: skip
+            model=initial_model(method, self.cfg.seed, self.device),
+            store=self.store(run_uid, keep),
+            regions=fed.manifest.regions,
+            eval_batch_size=self.cfg.eval.batch_size,
+        )
 
 
 def _runtime(node_config: Mapping[str, Any], run_config: Mapping[str, Any]) -> SiteRuntime:
@@ -220,6 +154,10 @@ def handle_hello(
     return content(info)
 
 
+def _worker(rt: SiteRuntime, meta: Mapping[str, Any]) -> SiteWorker:
+    return rt.worker(spec_from_json(str(meta["spec"])), str(meta["run-uid"]), int(meta["keep"]))
+
+
 def handle_train(
     body: RecordDict, node_config: Mapping[str, Any], run_config: Mapping[str, Any]
 ) -> RecordDict:
@@ -229,13 +167,7 @@ def handle_train(
     meta = read_meta(body)
     _addressed(rt, meta)
     r = int(meta["round"])
-    res, start = rt.train(
-        r,
-        read_payload(body),
-        spec_from_json(str(meta["spec"])),
-        str(meta["run-uid"]),
-        int(meta.get("keep", 2)),
-    )
+    res, start = _worker(rt, meta).train(r, read_payload(body))
     seconds = time.perf_counter() - t0
     log.info(
         "site %s: round %d done in %.1fs (state of round %d)",
@@ -261,6 +193,7 @@ def handle_evaluate(
     rt = _runtime(node_config, run_config)
     meta = read_meta(body)
     _addressed(rt, meta)
-    ev = rt.evaluate(read_payload(body), spec_from_json(str(meta["spec"])), str(meta["run-uid"]))
-    reply = {"run-uid": meta["run-uid"], "round": int(meta["round"]), "site": rt.site.name}
-    return content(reply, evaluation=eval_record(ev["metrics"], ev["cases"]))
+    r = int(meta["round"])
+    ev = _worker(rt, meta).evaluate(r, read_payload(body))
+    reply = {"run-uid": meta["run-uid"], "round": r, "site": rt.site.name}
+    return content(reply, evaluation=eval_record(ev.metrics, ev.cases, ev.per_case))

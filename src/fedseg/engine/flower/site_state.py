@@ -11,11 +11,11 @@ from __future__ import annotations
 import io
 import re
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from fedseg.engine.rundir import atomic_write_bytes
-from fedseg.methods import State
 
 __all__ = ["SiteStateStore"]
 
@@ -23,10 +23,12 @@ _FILE = re.compile(r"^round-(\d+)\.pt$")
 
 
 class SiteStateStore:
-    """Private states of one site in one run, under ``root``."""
+    """Private states of one site in one run, under ``root``, keeping the newest ``keep``
+    files (a :class:`~fedseg.engine.worker.StateStore`)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, keep: int = 2) -> None:
         self.root = Path(root)
+        self.keep = max(keep, 1)
 
     def rounds(self) -> list[int]:
         """Rounds with a saved state, oldest first."""
@@ -38,20 +40,21 @@ class SiteStateStore:
     def path(self, r: int) -> Path:
         return self.root / f"round-{r:05d}.pt"
 
-    def save(self, r: int, state: State, keep: int = 2) -> Path:
+    def save(self, r: int, state: dict[str, Any]) -> Path:
         """Write the state after round ``r`` and keep only the newest ``keep`` files."""
         buf = io.BytesIO()
         torch.save(state, buf)
         path = self.path(r)
         atomic_write_bytes(path, buf.getvalue())
-        for old in self.rounds()[: -max(keep, 1)]:
+        for old in self.rounds()[: -self.keep]:
             self.path(old).unlink(missing_ok=True)
         return path
 
-    def latest_before(self, r: int) -> tuple[int, State] | None:
-        """``(round, state)`` of the newest saved round before ``r``, or None."""
+    def latest_before(self, r: int) -> tuple[int, dict[str, Any]] | None:
+        """``(round, state)`` of the newest saved round before ``r``, or None. Files are
+        loaded as tensors and plain data only (no code runs)."""
         earlier = [k for k in self.rounds() if k < r]
         if not earlier:
             return None
         k = earlier[-1]
-        return k, torch.load(self.path(k), map_location="cpu", weights_only=False)
+        return k, torch.load(self.path(k), map_location="cpu", weights_only=True)

@@ -1,0 +1,177 @@
+"""The round loop's :class:`~fedseg.engine.link.Link` over Flower messages.
+
+:class:`FlowerLink` encodes payloads as Flower records, sends them through a transport (the
+ServerApp's Grid, or a direct in-process transport in tests), and decodes every reply, never
+trusting it: a reply with a wrong envelope (site, round, run id) or unreadable records is
+that site's failure, with its reason. :func:`run_federation` runs one configured experiment.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from flwr.app import RecordDict
+
+from fedseg.config import RunConfig
+from fedseg.engine.flower.records import (
+    EVAL,
+    TRAIN_METRICS,
+    content,
+    read_eval,
+    read_meta,
+    read_metrics,
+    read_payload,
+)
+from fedseg.engine.flower.settings import FlowerSettings
+from fedseg.engine.flower.site import fedseg_version, method_for
+from fedseg.engine.link import Failure
+from fedseg.engine.loop import Federation, RoundPolicy
+from fedseg.engine.server import build_spec, spec_to_json
+from fedseg.engine.worker import EvalReply, TrainReply
+from fedseg.errors import ConfigError, UploadError
+from fedseg.methods import FederationSpec, Method, Payload
+
+__all__ = ["FlowerLink", "Reply", "Transport", "run_federation", "site_order"]
+
+log = logging.getLogger(__name__)
+
+Reply = RecordDict | str
+"""A site's reply body, or the reason why there is none (timeout, error, disconnect)."""
+
+
+class Transport(Protocol):
+    """How Flower messages reach the sites (the Grid in deployment, direct calls in tests)."""
+
+    def announce(self, run_uid: str) -> dict[str, dict[str, Any]]:
+        """Connected sites and their self-descriptions, ``{site name: description}``."""
+        ...
+
+    def exchange(
+        self, kind: str, bodies: Mapping[str, RecordDict], timeout: float
+    ) -> dict[str, Reply]:
+        """Send ``bodies[site]`` to each site (``kind``: ``train`` or ``evaluate``); return the
+        reply of every site, or why there is none."""
+        ...
+
+
+def site_order(cfg: RunConfig, settings: FlowerSettings) -> list[str]:
+    """The declared sites in global-index order: ``--sites``, else ``data.sites``."""
+    order = list(settings.sites or cfg.data.sites or [])
+    if not order:
+        raise ConfigError(
+            "a Flower run needs its sites declared: set data.sites in the config or pass "
+            "--sites A,B,... (their order fixes each site's index and random streams)"
+        )
+    if len(set(order)) != len(order):
+        raise ConfigError(f"site list has duplicates: {order}")
+    return order
+
+
+class FlowerLink:
+    """Sites that are Flower SuperNodes, reached through ``transport``."""
+
+    engine = "flower"
+
+    def __init__(self, transport: Transport, cfg: RunConfig, settings: FlowerSettings) -> None:
+        self.transport, self.cfg, self.settings = transport, cfg, settings
+        self.run_uid = ""
+        self.spec_json = ""
+        self._version = fedseg_version()
+        self._warned: set[str] = set()
+
+    def announce(self, run_uid: str) -> dict[str, dict[str, Any]]:
+        infos = self.transport.announce(run_uid)
+        for s, info in infos.items():
+            theirs = info.get("fedseg-version")
+            if theirs != self._version and s not in self._warned:
+                log.warning("site %r runs fedseg %s, the server %s", s, theirs, self._version)
+                self._warned.add(s)
+        return infos
+
+    def federation(
+        self, order: list[str], infos: Mapping[str, Mapping[str, Any]]
+    ) -> FederationSpec:
+        return build_spec(self.cfg.data.labels, order, infos)
+
+    def bind(self, method: Method, run_uid: str) -> None:
+        method_for(self.cfg, method.spec)  # refuses pooled methods with a clear error
+        self.run_uid, self.spec_json = run_uid, spec_to_json(method.spec)
+
+    def _body(self, site: str, r: int, payload: Payload) -> RecordDict:
+        meta = {
+            "run-uid": self.run_uid,
+            "round": r,
+            "site": site,
+            "spec": self.spec_json,
+            "keep": self.cfg.engine.checkpoint_every + 1,
+        }
+        return content(meta, payload=payload)
+
+    def _check(self, site: str, r: int, body: RecordDict) -> dict[str, Any]:
+        meta = read_meta(body)
+        want = {"site": site, "round": r, "run-uid": self.run_uid}
+        got = {k: meta.get(k) for k in want}
+        if got != want:
+            raise UploadError(f"reply envelope should be {want}, got {got}")
+        return meta
+
+    def _send(self, kind: str, r: int, payloads: Mapping[str, Payload]) -> dict[str, Reply]:
+        bodies = {s: self._body(s, r, p) for s, p in payloads.items()}
+        return self.transport.exchange(kind, bodies, self.settings.round_timeout)
+
+    def train(self, r: int, payloads: Mapping[str, Payload]) -> dict[str, TrainReply | Failure]:
+        out: dict[str, TrainReply | Failure] = {}
+        for s, reply in self._send("train", r, payloads).items():
+            if isinstance(reply, str):
+                out[s] = reply
+                continue
+            try:
+                meta = self._check(s, r, reply)
+                upload = read_payload(reply)
+            except UploadError as e:
+                out[s] = f"rejected upload: {e.reason}"
+                continue
+            tm = reply.get(TRAIN_METRICS)
+            metrics = read_metrics(tm) if tm is not None else {}  # type: ignore[arg-type]
+            out[s] = TrainReply(upload, metrics, int(meta.get("from-round", -1)))
+        return out
+
+    def evaluate(self, r: int, payloads: Mapping[str, Payload]) -> dict[str, EvalReply | Failure]:
+        out: dict[str, EvalReply | Failure] = {}
+        for s, reply in self._send("evaluate", r, payloads).items():
+            if isinstance(reply, str):
+                out[s] = reply
+                continue
+            try:
+                self._check(s, r, reply)
+                record = reply.get(EVAL)
+                if record is None:
+                    raise UploadError(f"reply has no {EVAL!r} record")
+                out[s] = read_eval(record)  # type: ignore[arg-type]
+            except (UploadError, KeyError, ValueError, TypeError) as e:
+                out[s] = f"invalid evaluation: {getattr(e, 'reason', e)}"
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """Nothing: every site keeps its private state on its own disk."""
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        return None
+
+
+def run_federation(
+    cfg: RunConfig, settings: FlowerSettings, transport: Transport
+) -> dict[str, Any]:
+    """Run (or resume) the experiment ``cfg`` over ``transport`` into ``settings.run_dir``."""
+    order = site_order(cfg, settings)
+    policy = RoundPolicy(
+        min_sites=settings.min_replies(len(order)),
+        retries=settings.retries,
+        join_timeout=settings.join_timeout,
+        poll_interval=settings.poll_interval,
+    )
+    link = FlowerLink(transport, cfg, settings)
+    return Federation(cfg, link, settings.run_dir, order, policy).run(resume=settings.resume)

@@ -1,0 +1,144 @@
+"""How the round loop reaches the sites: the :class:`Link` protocol and in-memory sites.
+
+The loop (:mod:`fedseg.engine.loop`) is written once against :class:`Link`. Two links exist:
+:class:`InMemoryLink` (sites as :class:`~fedseg.engine.worker.SiteWorker` objects in this
+process: the default simulator) and the Flower link (``fedseg.engine.flower.link``), whose
+sites are SuperNodes. A link returns, per site, a reply or the reason why there is none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import torch
+
+from fedseg.engine.sites import POOLED, SiteData, pooled_site
+from fedseg.engine.worker import EvalReply, MemoryStore, SiteWorker, TrainReply, initial_model
+from fedseg.methods import FederationSpec, Method, Payload, TrainSettings
+
+__all__ = ["EvalReply", "Failure", "InMemoryLink", "Link", "TrainReply"]
+
+Failure = str
+"""Why a site has no reply (timeout, error, disconnect, rejected upload)."""
+
+
+class Link(Protocol):
+    """The sites of one run, as the round loop sees them."""
+
+    engine: str
+    """``inprocess`` or ``flower`` (recorded in results.json)."""
+
+    def announce(self, run_uid: str) -> dict[str, dict[str, Any]]:
+        """Connected sites and their self-descriptions (no data)."""
+        ...
+
+    def federation(
+        self, order: list[str], infos: Mapping[str, Mapping[str, Any]]
+    ) -> FederationSpec:
+        """The federation of the sites in ``order``, described by ``infos``."""
+        ...
+
+    def bind(self, method: Method, run_uid: str) -> None:
+        """Prepare the sites to run ``method`` in run ``run_uid``."""
+        ...
+
+    def train(self, r: int, payloads: Mapping[str, Payload]) -> dict[str, TrainReply | Failure]:
+        """The client step of round ``r`` on each site of ``payloads``."""
+        ...
+
+    def evaluate(self, r: int, payloads: Mapping[str, Payload]) -> dict[str, EvalReply | Failure]:
+        """Evaluations keyed by the real sites the training sites of ``payloads`` stand for
+        (the pooled site of centralized training stands for every site)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """Site states the server checkpoints (empty when sites keep their own)."""
+        ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+class InMemoryLink:
+    """Sites held in this process, trained one after another on one device.
+
+    All sites share one workspace model; a site's private state holds only what its method
+    keeps private, so memory grows with private state only.
+    """
+
+    engine = "inprocess"
+
+    def __init__(
+        self,
+        spec: FederationSpec,
+        sites: Mapping[str, SiteData],
+        regions: Mapping[str, list[int]],
+        *,
+        train: TrainSettings,
+        seed: int,
+        device: torch.device | str = "cpu",
+        eval_batch_size: int = 16,
+    ) -> None:
+        self.spec, self.sites, self.regions = spec, dict(sites), dict(regions)
+        self.train_cfg, self.seed, self.device = train, seed, torch.device(device)
+        self.eval_batch_size = eval_batch_size
+        self.workers: dict[str, SiteWorker] = {}
+
+    def announce(self, run_uid: str) -> dict[str, dict[str, Any]]:
+        """Every site (once bound: every training site, e.g. the pooled one) is connected."""
+        return {name: {"site": name} for name in self.workers or self.sites}
+
+    def federation(
+        self, order: list[str], infos: Mapping[str, Mapping[str, Any]]
+    ) -> FederationSpec:
+        return self.spec
+
+    def bind(self, method: Method, run_uid: str = "") -> None:
+        model = initial_model(method, self.seed, self.device)
+        download = method.download_template(model)
+        train_sites = {POOLED: pooled_site(self.sites)} if method.pooled else self.sites
+        self.workers = {
+            name: SiteWorker(
+                method,
+                data,
+                train=self.train_cfg,
+                seed=self.seed,
+                device=self.device,
+                model=model,
+                store=MemoryStore(),
+                regions=self.regions,
+                eval_batch_size=self.eval_batch_size,
+                download=download,
+            )
+            for name, data in train_sites.items()
+        }
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return next(iter(self.workers.values())).model
+
+    def train(self, r: int, payloads: Mapping[str, Payload]) -> dict[str, TrainReply | Failure]:
+        out: dict[str, TrainReply | Failure] = {}
+        for name, payload in payloads.items():
+            res, start = self.workers[name].train(r, payload)
+            out[name] = TrainReply(res.upload, res.metrics, start)
+        return out
+
+    def evaluate(self, r: int, payloads: Mapping[str, Payload]) -> dict[str, EvalReply | Failure]:
+        out: dict[str, EvalReply | Failure] = {}
+        for name, payload in payloads.items():
+            worker = self.workers[name]
+            targets = self.sites if name == POOLED else {name: self.sites[name]}
+            for real, data in targets.items():
+                out[real] = worker.evaluate(r, payload, data)
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            name: w.store.saved  # type: ignore[attr-defined]
+            for name, w in self.workers.items()
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        for name, saved in state.items():
+            self.workers[name].store.saved = None if saved is None else tuple(saved)  # type: ignore[attr-defined]

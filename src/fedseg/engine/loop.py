@@ -1,0 +1,336 @@
+"""The round loop, written once for every engine.
+
+:class:`RoundLoop` runs rounds and evaluations of a method over a :class:`~fedseg.engine.link.Link`:
+per round it waits until enough sites are connected, sends every connected site its
+payload, validates the replies, counts what travelled, and runs the server step on the valid
+uploads if at least ``min_sites`` replied (otherwise the round is tried again, up to
+``retries`` times, before the run stops with a resumable checkpoint). :class:`Federation`
+adds the run directory: ``config.yaml``, ``rounds.jsonl``, atomic checkpoints, resume,
+``results.json`` and ``cases.csv``. Tables and figures are the caller's (``fedseg.reporting``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedseg.config import RunConfig, dump_config
+from fedseg.engine.link import Failure, Link
+from fedseg.engine.results import build_results, communication_summary, validate_evaluation
+from fedseg.engine.rundir import RunDir
+from fedseg.engine.server import ServerCore, make_method, spec_from_json, spec_to_json
+from fedseg.engine.worker import EvalReply, TrainReply
+from fedseg.errors import ConfigError, FedsegError, UploadError
+from fedseg.methods import FederationSpec
+from fedseg.methods.base import payload_size
+
+__all__ = ["Federation", "RoundLoop", "RoundPolicy", "loss_summary", "wait_for_sites"]
+
+log = logging.getLogger(__name__)
+RoundCallback = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class RoundPolicy:
+    """Fault tolerance of a run (the in-process engine needs every site, no retries)."""
+
+    min_sites: int = 0
+    """Valid uploads a round needs (0: every site)."""
+    retries: int = 0
+    """Extra attempts of a round that got fewer than ``min_sites`` valid uploads."""
+    join_timeout: float = 0.0
+    """Seconds to wait for enough sites to connect."""
+    poll_interval: float = 0.5
+
+    def need(self, num_sites: int) -> int:
+        return max(1, min(self.min_sites or num_sites, num_sites))
+
+
+def loss_summary(clients: Mapping[str, Mapping[str, float]]) -> str:
+    """Mean client loss of a round for the one-line round log."""
+    losses = [m["loss"] for m in clients.values() if "loss" in m]
+    return f"loss {sum(losses) / len(losses):.4f}" if losses else ""
+
+
+def wait_for_sites(
+    link: Link,
+    run_uid: str,
+    names: list[str],
+    need: int,
+    policy: RoundPolicy,
+    *,
+    strict: bool = True,
+    warned: set[str] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Descriptions of the connected sites among ``names`` once at least ``need`` are; after
+    ``policy.join_timeout`` raise (``strict``) or return those connected."""
+    warned = set() if warned is None else warned
+    deadline = time.monotonic() + policy.join_timeout
+    while True:
+        infos = link.announce(run_uid)
+        strangers = sorted(set(infos) - set(names) - warned)
+        if strangers:
+            log.warning("ignoring sites that are not part of this run: %s", strangers)
+            warned.update(strangers)
+        ours = {s: infos[s] for s in names if s in infos}
+        if len(ours) >= need:
+            return ours
+        if time.monotonic() > deadline:
+            if not strict:
+                return ours
+            raise FedsegError(
+                f"only {len(ours)} of the sites {names} are connected ({sorted(ours)}); "
+                f"need {need}; gave up after {policy.join_timeout:.0f}s"
+            )
+        time.sleep(policy.poll_interval)
+
+
+class RoundLoop:
+    """Rounds and evaluations of one method over ``link`` (no files).
+
+    ``eval_sites`` are the real sites evaluated (default: the method's sites; the pooled
+    site of centralized training stands for every real site)."""
+
+    def __init__(
+        self,
+        server: ServerCore,
+        link: Link,
+        policy: RoundPolicy,
+        run_uid: str,
+        eval_sites: list[str] | None = None,
+    ) -> None:
+        self.server, self.link, self.policy, self.run_uid = server, link, policy, run_uid
+        self.eval_sites = eval_sites or server.spec.site_names
+        self._warned: set[str] = set()
+
+    def wait_for(self, names: list[str], need: int, strict: bool = True) -> set[str]:
+        """The connected sites among ``names`` (see :func:`wait_for_sites`)."""
+        found = wait_for_sites(
+            self.link, self.run_uid, names, need, self.policy, strict=strict, warned=self._warned
+        )
+        return set(found)
+
+    def round(self, r: int, participants: list[str] | None = None) -> dict[str, Any]:
+        """One round (with retries); the record for ``rounds.jsonl``."""
+        names = participants or self.server.spec.site_names
+        need = self.policy.need(len(names))
+        for attempt in range(self.policy.retries + 1):
+            connected = self.wait_for(names, need, strict=False)
+            sent = {s: self.server.payloads[s] for s in names if s in connected}
+            replies = self.link.train(r, sent)
+            uploads, metrics, failures = {}, {}, {}
+            comm: dict[str, dict[str, Any]] = {"upload": {}, "download": {}}
+            for s in names:
+                if s not in sent:
+                    failures[s] = "not connected"
+                    continue
+                comm["download"][s] = _size(payload_size(sent[s]))
+                reply = replies.get(s, "no reply")
+                if isinstance(reply, Failure):
+                    failures[s] = reply
+                    continue
+                try:
+                    if not isinstance(reply, TrainReply):
+                        raise UploadError(f"site {s!r}: reply is no training reply")
+                    self.server.check_upload(s, reply.upload)
+                except UploadError as e:
+                    log.warning("round %d: rejected the upload of site %r: %s", r + 1, s, e.reason)
+                    failures[s] = f"rejected upload: {e.reason}"
+                    continue
+                uploads[s], metrics[s] = reply.upload, reply.metrics
+                comm["upload"][s] = _size(payload_size(reply.upload))
+            if len(uploads) >= need:
+                server = self.server.step(r, uploads)
+                return {
+                    "round": r,
+                    "participants": list(uploads),
+                    "clients": metrics,
+                    "server": server,
+                    "failures": failures,
+                    "comm": comm,
+                }
+            log.warning(
+                "round %d attempt %d: %d valid uploads, need %d; failures: %s",
+                r + 1,
+                attempt + 1,
+                len(uploads),
+                need,
+                failures,
+            )
+        raise FedsegError(
+            f"round {r + 1}: fewer than {need} valid uploads in {self.policy.retries + 1} "
+            "attempts; the run stopped (model unchanged since the last checkpoint); fix the "
+            "sites and resume the run"
+        )
+
+    def evaluate(self, r: int) -> tuple[dict[str, EvalReply], dict[str, Failure]]:
+        """Evaluations of the connected sites with their current payloads (in site order)
+        and the failures with reasons; a malformed reply is that site's failure."""
+        names = self.server.spec.site_names
+        connected = self.wait_for(names, 1)
+        sent = {s: self.server.payloads[s] for s in names if s in connected}
+        replies = self.link.evaluate(r, sent)
+        per_site: dict[str, EvalReply] = {}
+        failures: dict[str, Failure] = {}
+        regions: list[str] | None = None
+        for s in self.eval_sites:
+            reply = replies.get(s, "not connected" if s in names and s not in sent else "no reply")
+            if isinstance(reply, Failure):
+                failures[s] = reply
+                continue
+            try:
+                if not isinstance(reply, EvalReply):
+                    raise UploadError(f"site {s!r}: reply is no evaluation")
+                validate_evaluation(s, reply, regions)
+            except UploadError as e:
+                log.warning("evaluation of site %r rejected: %s", s, e.reason)
+                failures[s] = f"invalid evaluation: {e.reason}"
+                continue
+            regions = regions or list(next(iter(reply.metrics.values())))
+            per_site[s] = reply
+        if failures:
+            log.warning("evaluation failed on %s", failures)
+        if not per_site:
+            raise FedsegError(f"no site could be evaluated: {failures}")
+        return per_site, failures
+
+
+def _size(size: Mapping[str, int]) -> dict[str, int]:
+    return {"values": size["values"], "bytes": size["bytes"]}
+
+
+class Federation:
+    """One configured run over ``link`` into the run directory ``run_dir``.
+
+    ``order`` is the declared site order (global indices and random streams follow it).
+    """
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        link: Link,
+        run_dir: Path,
+        order: list[str],
+        policy: RoundPolicy | None = None,
+    ) -> None:
+        if len(set(order)) != len(order) or not order:
+            raise ConfigError(f"site list must be non-empty without duplicates, got {order}")
+        self.cfg, self.link, self.order = cfg, link, list(order)
+        self.policy = policy or RoundPolicy()
+        self.dir = RunDir(run_dir)
+        self.loop: RoundLoop | None = None
+
+    # -- set-up ------------------------------------------------------------------------------
+    def _start(self, resume: bool) -> tuple[int, list[dict[str, float]]]:
+        """Create or reopen the run; returns the first round to train and past timings."""
+        cfg = self.cfg
+        if resume:
+            ck = self.dir.load_checkpoint()
+            run_uid, spec = ck["run_uid"], spec_from_json(ck["spec"])
+        else:
+            run_uid = uuid.uuid4().hex
+            self.dir.create(dump_config(cfg))
+            log.info("waiting for the sites %s", self.order)
+            infos = wait_for_sites(self.link, run_uid, self.order, len(self.order), self.policy)
+            spec = self.link.federation(self.order, infos)
+        method = make_method(cfg, spec)
+        self.link.bind(method, run_uid)
+        server = ServerCore(method, cfg.train, cfg.seed)
+        self.loop = RoundLoop(server, self.link, self.policy, run_uid, list(spec.site_names))
+        self.spec: FederationSpec = spec
+        if not resume:
+            return 0, []
+        server.load_state_dict(ck["server"])
+        self.link.load_state_dict(ck["sites"])
+        self.dir.keep_rounds_upto(ck["round"])
+        log.info("resuming run %s after round %d", run_uid, ck["round"] + 1)
+        return ck["round"] + 1, list(ck["timing"])
+
+    # -- the run -----------------------------------------------------------------------------
+    def run(self, resume: bool = False, on_round: RoundCallback | None = None) -> dict[str, Any]:
+        """Train every remaining round, evaluate every site, write the results."""
+        start, timing = self._start(resume)
+        loop = self.loop
+        assert loop is not None
+        cfg, total = self.cfg, self.cfg.train.rounds
+        log.info(
+            "%s | %d sites %s, %s labels, %d rounds",
+            loop.server.method.summary or cfg.method_name,
+            len(self.spec.sites),
+            self.spec.site_names,
+            cfg.data.labels,
+            total,
+        )
+        for r in range(start, total):
+            t0, c0 = time.perf_counter(), time.process_time()
+            record = loop.round(r)
+            record["seconds"] = time.perf_counter() - t0
+            record["cpu_seconds"] = time.process_time() - c0
+            timing.append({"seconds": record["seconds"], "cpu_seconds": record["cpu_seconds"]})
+            every = cfg.eval.every
+            if every and (r + 1) % every == 0 and r + 1 < total:
+                per_site, _ = loop.evaluate(total)
+                record["eval"] = {s: v.metrics["dsc"] for s, v in per_site.items()}
+            self.dir.append_round(record)
+            if r == total - 1 or (r + 1) % cfg.engine.checkpoint_every == 0:
+                self._checkpoint(r, timing)
+            log.info(
+                "round %d/%d: %d sites %s%s, %.1fs",
+                r + 1,
+                total,
+                len(record["participants"]),
+                loss_summary(record["clients"]),
+                f", failed: {record['failures']}" if record["failures"] else "",
+                record["seconds"],
+            )
+            if on_round:
+                on_round(record)
+        t0, c0 = time.perf_counter(), time.process_time()
+        per_site, failures = loop.evaluate(total)
+        rounds = self.dir.rounds()
+        results = build_results(
+            cfg,
+            per_site,
+            params=loop.server.params,
+            timing={
+                "round_seconds": [t["seconds"] for t in timing],
+                "round_cpu_seconds": [t["cpu_seconds"] for t in timing],
+                "eval_seconds": time.perf_counter() - t0,
+                "eval_cpu_seconds": time.process_time() - c0,
+            },
+            communication=communication_summary(rounds),
+            engine=self.link.engine,
+            participation=_participation(loop.server.spec.site_names, rounds),
+            eval_failures=failures,
+        )
+        self.dir.write_results(results)
+        self.dir.write_cases(per_site)
+        log.info("results written to %s", self.dir.results_json)
+        return results
+
+    def _checkpoint(self, r: int, timing: list[dict[str, float]]) -> None:
+        loop = self.loop
+        assert loop is not None
+        self.dir.save_checkpoint(
+            {
+                "round": r,
+                "timing": timing,
+                "run_uid": loop.run_uid,
+                "spec": spec_to_json(self.spec),
+                "server": loop.server.state_dict(),
+                "sites": self.link.state_dict(),
+            }
+        )
+
+
+def _participation(names: list[str], rounds: list[dict[str, Any]]) -> dict[str, int]:
+    counts = dict.fromkeys(names, 0)
+    for rec in rounds:
+        for s in rec.get("participants", []):
+            counts[s] = counts.get(s, 0) + 1
+    return counts
