@@ -54,16 +54,30 @@ def run(
     out: Annotated[
         Path | None, typer.Option(help="Run directory (default runs/<name>-<time>).")
     ] = None,
-    resume: Annotated[Path | None, typer.Option(help="Continue the run in this directory.")] = None,
+    resume: Annotated[
+        Path | None,
+        typer.Option(help="Continue the run in this directory (--set may add rounds)."),
+    ] = None,
+    overwrite: Annotated[
+        bool, typer.Option(help="Replace the finished or failed run already in --out.")
+    ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Train and evaluate one method; write a run directory with results."""
     from fedseg.config import load_config
+    from fedseg.engine.rundir import RunDir
     from fedseg.engine.runner import InProcessRunner
+    from fedseg.errors import ConfigError
     from fedseg.outputs import write_run_outputs
 
     try:
         if resume is not None:
+            if config is not None or out is not None:
+                raise ConfigError(
+                    "--resume continues RUN_DIR with its own config; give no CONFIG or --out"
+                )
+            if not (resume / "config.yaml").is_file():
+                raise ConfigError(f"--resume {resume}: no fedseg run there (no config.yaml)")
             cfg = load_config(resume / "config.yaml", set_ or [])
             run_dir = resume
         elif config is not None:
@@ -71,22 +85,26 @@ def run(
             run_dir = out or Path("runs") / f"{cfg.name}-{datetime.now():%Y%m%d-%H%M%S}"
         else:
             raise typer.BadParameter("give a CONFIG or --resume RUN_DIR")
-        _logging(run_dir, verbose)
-        with Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=err,
-            transient=True,
-        ) as bar:
-            task = bar.add_task(f"{cfg.method_name} rounds", total=cfg.train.rounds)
-            runner = InProcessRunner(cfg, run_dir)
-            results = runner.run(
-                resume=resume is not None,
-                on_round=lambda rec: bar.update(task, completed=rec["round"] + 1),
-            )
-        write_run_outputs(run_dir, results)
+        rd = RunDir(run_dir)
+        with rd.lock():
+            if resume is None:
+                rd.prepare_new(overwrite)
+            _logging(run_dir, verbose)
+            with Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=err,
+                transient=True,
+            ) as bar:
+                task = bar.add_task(f"{cfg.method_name} rounds", total=cfg.train.rounds)
+                runner = InProcessRunner(cfg, run_dir)
+                results = runner.run(
+                    resume=resume is not None,
+                    on_round=lambda rec: bar.update(task, completed=rec["round"] + 1),
+                )
+            write_run_outputs(run_dir, results)
     except FedsegError as e:
         fail(e)
     console.print(_results_table(results))

@@ -57,8 +57,10 @@ def test_bad_setting_is_refused_naming_the_field(patch, field, tmp_path: Path):
 def _sim(method: str = "fedavg", **train) -> Simulation:
     spec, sites = toy_federation(2)  # 8 and 10 training images
     cls = get_method(method)
+    if "local_epochs" not in train:
+        train.setdefault("local_iters", 2)
     settings = TrainSettings(
-        **{"rounds": 2, "local_iters": 2, "batch_size": 4, "augment": False, **train}
+        **{"rounds": 2, "batch_size": 4, "augment": False, **train}
     )
     return Simulation(cls(cls.Config(), spec), sites, settings, seed=0)
 

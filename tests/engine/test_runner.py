@@ -111,3 +111,31 @@ def test_synth_block_creates_data(tmp_path):
     res = InProcessRunner(cfg, tmp_path / "run").run()
     assert (tmp_path / "d" / "manifest.json").is_file()
     assert set(res["sites"]) == {"A", "B"}
+
+
+def test_kill_while_writing_a_checkpoint_resumes_to_the_same_results(
+    fed_root, tmp_path, monkeypatch
+):
+    """A crash after the old checkpoint was set aside but before the new one exists."""
+    from fedseg.engine import rundir
+
+    full = InProcessRunner(_cfg(fed_root), tmp_path / "full").run()
+    real = rundir.atomic_write_bytes
+    calls = {"n": 0}
+
+    def dies_on_second_checkpoint(path, data):
+        if path.name == "last.pt":
+            calls["n"] += 1
+            if calls["n"] == 2:
+                (path.parent / ".last.pt.killed").write_bytes(data[:100])  # half-written
+                raise Crash
+        return real(path, data)
+
+    monkeypatch.setattr(rundir, "atomic_write_bytes", dies_on_second_checkpoint)
+    with pytest.raises(Crash):
+        InProcessRunner(_cfg(fed_root), tmp_path / "crashed").run()
+    monkeypatch.setattr(rundir, "atomic_write_bytes", real)
+    assert not (tmp_path / "crashed/checkpoints/last.pt").exists()
+    resumed = InProcessRunner(_cfg(fed_root), tmp_path / "crashed").run(resume=True)
+    assert resumed["sites"] == full["sites"]
+    assert not list((tmp_path / "crashed/checkpoints").glob(".last.pt.*"))

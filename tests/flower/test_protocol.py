@@ -220,3 +220,24 @@ def test_missing_site_times_out_with_a_clear_error(federation: Path, tmp_path: P
     link.down = {"B"}
     with pytest.raises(FedsegError, match=r"only 1 of the sites \['A', 'B'\] are connected"):
         run_federation(cfg, st, link)
+
+
+def test_each_site_learns_only_its_own_entry_of_the_federation(federation: Path, tmp_path: Path):
+    from fedseg.engine.server import spec_from_json
+
+    cfg = make_config(federation, "fedlppa", rounds=1)
+    link, st = direct_link(cfg, federation, tmp_path)
+    seen: dict[str, list] = {}
+    call = link._call
+
+    def spy(kind, site, body):
+        if kind != "hello":
+            seen[site] = list(spec_from_json(read_meta(body)["spec"]).sites)
+        return call(kind, site, body)
+
+    link._call = spy  # type: ignore[method-assign]
+    run_federation(cfg, st, link)
+    a, b = seen["A"], seen["B"]
+    assert a[0].name == "A" and a[0].num_train > 0 and a[0].annotation != "unknown"
+    assert (a[1].name, a[1].num_train, a[1].annotation, a[1].sparsity) == ("#1", 0, "unknown", None)
+    assert b[0].name == "#0" and b[1].name == "B"

@@ -19,10 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from fedseg.config import RunConfig, dump_config
 from fedseg.engine.link import Failure, Link
 from fedseg.engine.results import build_results, communication_summary, validate_evaluation
-from fedseg.engine.rundir import RunDir
+from fedseg.engine.rundir import SAFE_RESUME_CHANGES, RunDir, config_changes
 from fedseg.engine.server import ServerCore, make_method, spec_from_json, spec_to_json
 from fedseg.engine.worker import EvalReply, TrainReply
 from fedseg.errors import ConfigError, FedsegError, UploadError
@@ -226,13 +228,15 @@ class Federation:
         self.loop: RoundLoop | None = None
 
     # -- set-up ------------------------------------------------------------------------------
-    def _start(self, resume: bool) -> tuple[int, list[dict[str, float]]]:
+    def _start(self, resume: bool, overwrite: bool) -> tuple[int, list[dict[str, float]]]:
         """Create or reopen the run; returns the first round to train and past timings."""
         cfg = self.cfg
         if resume:
             ck = self.dir.load_checkpoint()
+            self._check_resume(ck["round"])
             run_uid, spec = ck["run_uid"], spec_from_json(ck["spec"])
         else:
+            self.dir.prepare_new(overwrite)
             run_uid = uuid.uuid4().hex
             self.dir.create(dump_config(cfg))
             log.info("waiting for the sites %s", self.order)
@@ -251,10 +255,43 @@ class Federation:
         log.info("resuming run %s after round %d", run_uid, ck["round"] + 1)
         return ck["round"] + 1, list(ck["timing"])
 
+    def _check_resume(self, last: int) -> None:
+        """Refuse to continue with settings other than the run's, except declared-safe ones
+        (more rounds, device, threads, ...), which are recorded."""
+        new = dump_config(self.cfg)
+        changes = config_changes(self.dir.stored_config(), yaml.safe_load(new))
+        unsafe = sorted(k for k in changes if k not in SAFE_RESUME_CHANGES)
+        rounds = changes.get("train.rounds")
+        if rounds and (not isinstance(rounds[0], int) or rounds[1] < rounds[0]):
+            unsafe.append("train.rounds (only more rounds may be added)")
+        if unsafe:
+            shown = ", ".join(
+                f"{k} {changes[k][0]!r} -> {changes[k][1]!r}" for k in unsafe if k in changes
+            )
+            raise ConfigError(
+                f"{self.dir.path}: cannot resume with a changed config ({shown or unsafe[0]}); "
+                f"a resumed run may only change {', '.join(SAFE_RESUME_CHANGES)}; start a new "
+                "run with --out instead"
+            )
+        if changes:
+            log.info("resuming with changed settings %s", changes)
+        self.dir.record_resume(last, new, changes)
+
     # -- the run -----------------------------------------------------------------------------
-    def run(self, resume: bool = False, on_round: RoundCallback | None = None) -> dict[str, Any]:
-        """Train every remaining round, evaluate every site, write the results."""
-        start, timing = self._start(resume)
+    def run(
+        self,
+        resume: bool = False,
+        on_round: RoundCallback | None = None,
+        overwrite: bool = False,
+    ) -> dict[str, Any]:
+        """Train every remaining round, evaluate every site, write the results. The run
+        directory is locked meanwhile; a new run needs it empty (or ``overwrite``)."""
+        with self.dir.lock():
+            self.dir.clean_temporary()
+            return self._run(resume, on_round, overwrite)
+
+    def _run(self, resume: bool, on_round: RoundCallback | None, overwrite: bool) -> dict[str, Any]:
+        start, timing = self._start(resume, overwrite)
         loop = self.loop
         assert loop is not None
         cfg, total = self.cfg, self.cfg.train.rounds

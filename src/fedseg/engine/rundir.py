@@ -3,24 +3,62 @@
 from __future__ import annotations
 
 import csv
+import fcntl
 import io
 import json
+import logging
 import os
+import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
-__all__ = ["CASES_COLUMNS", "RunDir", "atomic_write_bytes"]
+from fedseg.errors import ConfigError
+
+__all__ = [
+    "CASES_COLUMNS",
+    "SAFE_RESUME_CHANGES",
+    "RunDir",
+    "atomic_write_bytes",
+    "config_changes",
+]
+
+log = logging.getLogger(__name__)
 
 CASES_COLUMNS = ("site", "case", "id", "region", "metric", "value")
 """Columns of ``cases.csv``: one row per (site, test case, region, metric)."""
 
+SAFE_RESUME_CHANGES = (
+    "name",
+    "train.rounds",
+    "eval.batch_size",
+    "engine.device",
+    "engine.threads",
+    "engine.checkpoint_every",
+)
+"""Config keys a resumed run may change (``train.rounds`` only upwards): everything else
+would continue one experiment with another's settings."""
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_FILE_MODE = 0o666 & ~_umask()
+
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a crash leaves either the old or the new file."""
+    """Write ``data`` to ``path`` so that a crash leaves either the old or the new file.
+
+    The file gets the usual permissions (0666 minus the umask), not the private mode of a
+    temporary file, so colleagues can read results as with any other file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
@@ -28,10 +66,32 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, _FILE_MODE)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping) and v:
+            out |= _flatten(v, key + ".")
+        else:
+            out[key] = v
+    return out
+
+
+def config_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, list[Any]]:
+    """``{dotted key: [old, new]}`` of every setting that differs between two configs."""
+    a, b = _flatten(old), _flatten(new)
+    return {k: [a.get(k), b.get(k)] for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+
+
+_HELD: dict[Path, int] = {}
+"""Run directories this process holds the lock of (path -> open lock file descriptor)."""
 
 
 class RunDir:
@@ -42,16 +102,88 @@ class RunDir:
         self.config = self.path / "config.yaml"
         self.rounds_file = self.path / "rounds.jsonl"
         self.checkpoint = self.path / "checkpoints" / "last.pt"
+        self.previous = self.path / "checkpoints" / "previous.pt"
         self.results_json = self.path / "results.json"
         self.results_md = self.path / "results.md"
         self.cases_csv = self.path / "cases.csv"
+        self.resumes = self.path / "resumes.jsonl"
         self.log = self.path / "run.log"
+        self.lock_file = self.path / ".lock"
+
+    # -- ownership -----------------------------------------------------------------------
+    @contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold the run directory for this process: a second process that tries to write the
+        same run gets a clear error instead of mixing two runs. Re-entrant in a process."""
+        key = self.path.resolve()
+        if key in _HELD:
+            yield
+            return
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, _FILE_MODE)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ConfigError(
+                f"{self.path}: another fedseg process is writing this run directory; wait for "
+                "it to finish or choose another --out"
+            ) from None
+        _HELD[key] = fd
+        try:
+            yield
+        finally:
+            del _HELD[key]
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def prepare_new(self, overwrite: bool = False) -> None:
+        """Make sure a new run may start here: the folder is absent or empty, or it is an
+        earlier fedseg run and ``overwrite`` is set (then its files are removed)."""
+        if not self.path.exists():
+            return
+        if not self.path.is_dir():
+            raise ConfigError(f"--out {self.path} exists and is not a folder")
+        entries = [p for p in self.path.iterdir() if p.name != self.lock_file.name]
+        if all(p.name == self.log.name for p in entries):  # a fresh run's log opens first
+            return
+        if not overwrite:
+            raise ConfigError(
+                f"--out {self.path} is not empty; pass --overwrite to replace the run there, "
+                "--resume to continue it, or choose another folder"
+            )
+        if not self.config.exists():
+            raise ConfigError(
+                f"--out {self.path} is not empty and is no fedseg run directory (no "
+                "config.yaml); refusing to delete it even with --overwrite"
+            )
+        for p in entries:
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
 
     def create(self, config_yaml: str) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(self.config, config_yaml.encode())
-        self.rounds_file.write_text("")
+        atomic_write_bytes(self.rounds_file, b"")
 
+    def stored_config(self) -> dict[str, Any]:
+        """The run's ``config.yaml`` as a mapping."""
+        try:
+            raw = yaml.safe_load(self.config.read_text())
+        except (OSError, yaml.YAMLError) as e:
+            raise ConfigError(f"{self.config}: cannot read the run's config: {e}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{self.config}: expected a mapping, got {type(raw).__name__}")
+        return raw
+
+    def record_resume(self, after_round: int, config_yaml: str, changes: dict[str, Any]) -> None:
+        """Keep the resumed config as ``config.yaml`` and log what changed."""
+        if not changes:
+            return
+        atomic_write_bytes(self.config, config_yaml.encode())
+        with self.resumes.open("a") as fh:
+            fh.write(json.dumps({"after_round": after_round, "changes": changes}) + "\n")
+
+    # -- rounds --------------------------------------------------------------------------
     def append_round(self, record: dict[str, Any]) -> None:
         with self.rounds_file.open("a") as fh:
             fh.write(json.dumps(record) + "\n")
@@ -59,27 +191,71 @@ class RunDir:
             os.fsync(fh.fileno())
 
     def rounds(self) -> list[dict[str, Any]]:
+        """The round records; a damaged last line (a crash while appending) is skipped with
+        a warning, a damaged line before it is an error naming the file and line."""
         if not self.rounds_file.exists():
             return []
-        return [json.loads(line) for line in self.rounds_file.read_text().splitlines() if line]
+        lines = self.rounds_file.read_text().splitlines()
+        out = []
+        for i, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                if not isinstance(rec, dict) or not isinstance(rec.get("round"), int):
+                    raise ValueError("not a round record")
+            except ValueError as e:
+                if i == len(lines) - 1:
+                    log.warning("%s: ignoring a damaged last line (%s)", self.rounds_file, e)
+                    continue
+                raise ConfigError(
+                    f"{self.rounds_file}:{i + 1}: damaged round record: {e}"
+                ) from None
+            out.append(rec)
+        return out
 
     def keep_rounds_upto(self, last: int) -> None:
         """Drop JSONL records of rounds after ``last`` (written before a crash lost them)."""
         kept = [r for r in self.rounds() if r["round"] <= last]
         atomic_write_bytes(self.rounds_file, "".join(json.dumps(r) + "\n" for r in kept).encode())
 
+    # -- checkpoints ---------------------------------------------------------------------
+    def clean_temporary(self) -> None:
+        """Remove temporary files left by a process killed while writing (``.name.*``)."""
+        for folder in (self.path, self.checkpoint.parent):
+            if folder.is_dir():
+                for p in folder.glob(".*.*"):
+                    if p.is_file() and p.name != self.lock_file.name:
+                        p.unlink(missing_ok=True)
+
     def save_checkpoint(self, state: dict[str, Any]) -> None:
+        """Write ``last.pt`` atomically; the one it replaces is kept as ``previous.pt``."""
         buf = io.BytesIO()
         torch.save(state, buf)
+        if self.checkpoint.exists():
+            os.replace(self.checkpoint, self.previous)
         atomic_write_bytes(self.checkpoint, buf.getvalue())
 
     def load_checkpoint(self) -> dict[str, Any]:
-        """The last checkpoint, on the CPU (tensors and plain data only: no code runs)."""
-        from fedseg.errors import ConfigError
-
-        if not self.checkpoint.exists():
+        """The newest readable checkpoint, on the CPU (tensors and plain data only: no code
+        runs). A damaged ``last.pt`` falls back to ``previous.pt`` with a warning."""
+        if not self.checkpoint.exists() and not self.previous.exists():
             raise ConfigError(f"{self.path}: no checkpoint to resume from")
-        return torch.load(self.checkpoint, map_location="cpu", weights_only=True)
+        errors = []
+        for path in (self.checkpoint, self.previous):
+            if not path.exists():
+                continue
+            try:
+                ck = torch.load(path, map_location="cpu", weights_only=True)
+                if not isinstance(ck, dict) or "round" not in ck:
+                    raise ValueError("not a fedseg checkpoint")
+            except Exception as e:  # any unreadable or unsafe file
+                errors.append(f"{path.name}: {str(e).splitlines()[0][:200]}")
+                continue
+            if errors:
+                log.warning("%s; resuming from %s", "; ".join(errors), path)
+            return ck
+        raise ConfigError(f"{self.path}: no usable checkpoint ({'; '.join(errors)})")
 
     def write_results(self, results: dict[str, Any]) -> None:
         atomic_write_bytes(self.results_json, (json.dumps(results, indent=2) + "\n").encode())

@@ -38,6 +38,7 @@ __all__ = [
     "make_method",
     "method_spec",
     "pooled_spec",
+    "site_view",
     "spec_from_json",
     "spec_to_json",
 ]
@@ -95,6 +96,16 @@ def spec_from_json(text: str) -> FederationSpec:
     sites = tuple(SiteSpec(**s) for s in raw.pop("sites"))
     image_size = tuple(raw.pop("image_size", ()))
     return FederationSpec(**raw, sites=sites, image_size=image_size)
+
+
+def site_view(spec: FederationSpec, name: str) -> FederationSpec:
+    """What site ``name`` is told of the federation: the task, the number of sites and its
+    own entry; every other site only by its index (no name, size or annotation)."""
+    sites = tuple(
+        s if s.name == name else SiteSpec(f"#{s.index}", s.index, 0, "unknown", None)
+        for s in spec.sites
+    )
+    return FederationSpec(**{**asdict(spec), "sites": sites})
 
 
 def _plain(value: Any) -> Any:

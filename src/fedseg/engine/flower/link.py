@@ -28,7 +28,7 @@ from fedseg.engine.flower.settings import FlowerSettings
 from fedseg.engine.flower.site import fedseg_version, method_for
 from fedseg.engine.link import Failure
 from fedseg.engine.loop import Federation, RoundPolicy
-from fedseg.engine.server import build_spec, spec_to_json
+from fedseg.engine.server import build_spec, site_view, spec_to_json
 from fedseg.engine.worker import EvalReply, TrainReply
 from fedseg.errors import ConfigError, UploadError
 from fedseg.methods import FederationSpec, Method, Payload
@@ -77,7 +77,7 @@ class FlowerLink:
     def __init__(self, transport: Transport, cfg: RunConfig, settings: FlowerSettings) -> None:
         self.transport, self.cfg, self.settings = transport, cfg, settings
         self.run_uid = ""
-        self.spec_json = ""
+        self.views: dict[str, str] = {}
         self._version = fedseg_version()
         self._warned: set[str] = set()
 
@@ -97,14 +97,15 @@ class FlowerLink:
 
     def bind(self, method: Method, run_uid: str) -> None:
         method_for(self.cfg, method.spec)  # refuses pooled methods with a clear error
-        self.run_uid, self.spec_json = run_uid, spec_to_json(method.spec)
+        self.run_uid = run_uid
+        self.views = {s: spec_to_json(site_view(method.spec, s)) for s in method.spec.site_names}
 
     def _body(self, site: str, r: int, payload: Payload) -> RecordDict:
         meta = {
             "run-uid": self.run_uid,
             "round": r,
             "site": site,
-            "spec": self.spec_json,
+            "spec": self.views[site],
             "keep": self.cfg.engine.checkpoint_every + 1,
         }
         return content(meta, payload=payload)

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from fedseg.engine.rundir import atomic_write_bytes
+from fedseg.errors import DataError
 
 __all__ = ["SiteStateStore"]
 
@@ -57,4 +58,10 @@ class SiteStateStore:
         if not earlier:
             return None
         k = earlier[-1]
-        return k, torch.load(self.path(k), map_location="cpu", weights_only=True)
+        try:
+            return k, torch.load(self.path(k), map_location="cpu", weights_only=True)
+        except Exception as e:  # damaged or unsafe file: never executed, always named
+            why = str(e).splitlines()[0][:160]
+            raise DataError(
+                f"{self.path(k)}: cannot read this site's saved state ({why})"
+            ) from None
