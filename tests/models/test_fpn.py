@@ -1,0 +1,73 @@
+"""FPN decoder and the pvtv2_fpn network: smp's parameter count, shapes, features, grads."""
+
+import pytest
+import torch
+
+from fedseg.errors import ConfigError
+from fedseg.models.features import named_features
+from fedseg.models.fpn import FPNDecoder, PVTv2FPN
+from fedseg.models.registry import list_models, parse_model
+
+
+def test_decoder_parameter_count_equals_smp_fpn_decoder():
+    dec = FPNDecoder([32, 64, 160, 256])
+    assert sum(p.numel() for p in dec.parameters()) == 1_755_904
+    lateral = 256 * 256 + 256 + 160 * 256 + 256 + 64 * 256 + 256 + 32 * 256 + 256
+    first = 256 * 128 * 9 + 2 * 128  # conv3x3 without bias + GroupNorm
+    later = 128 * 128 * 9 + 2 * 128
+    assert lateral + (first + 2 * later) + (first + later) + first + first == 1_755_904
+
+
+@pytest.mark.parametrize(("classes", "total"), [(1, 5_165_793), (2, 5_165_922)])
+def test_whole_network_counts(classes, total):
+    net = parse_model({"name": "pvtv2_fpn"}).build(3, classes, 2)
+    assert "pvtv2_fpn" in list_models()
+    assert sum(p.numel() for p in net.parameters()) == total
+    head = [k for k in net.state_dict() if k.startswith("decoder.head.")]
+    assert head == ["decoder.head.weight", "decoder.head.bias"]
+
+
+def test_output_and_named_features_at_64_px():
+    net = PVTv2FPN(3, 3).eval()
+    x = torch.randn(2, 3, 64, 64)
+    logits, feats = named_features(net, x)
+    assert logits.shape == (2, 3, 64, 64)
+    assert torch.equal(logits, net(x))
+    shapes = {k: tuple(v.shape[1:]) for k, v in feats.items()}
+    assert shapes == {
+        "enc1": (32, 16, 16),
+        "enc2": (64, 8, 8),
+        "enc3": (160, 4, 4),
+        "enc4": (256, 2, 2),
+        "dec4": (256, 2, 2),
+        "dec3": (256, 4, 4),
+        "dec2": (256, 8, 8),
+        "dec1": (256, 16, 16),
+        "fpn": (128, 16, 16),
+    }
+
+
+def test_sizes_not_divisible_by_32_still_segment():
+    net = PVTv2FPN(1, 2).eval()
+    assert net(torch.randn(1, 1, 48, 40)).shape == (1, 2, 48, 40)
+
+
+def test_every_parameter_gets_a_gradient():
+    torch.manual_seed(0)
+    net = PVTv2FPN(3, 2).train()
+    y = torch.randint(0, 2, (2, 64, 64))
+    torch.nn.functional.cross_entropy(net(torch.randn(2, 3, 64, 64)), y).backward()
+    for n, p in net.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), n
+        assert p.grad.abs().sum() > 0, n
+
+
+def test_options_validated_naming_the_field():
+    with pytest.raises(ConfigError, match=r"model.segmentation_channels"):
+        parse_model({"name": "pvtv2_fpn", "segmentation_channels": 100})
+    with pytest.raises(ConfigError, match=r"model.bogus"):
+        parse_model({"name": "pvtv2_fpn", "bogus": 1})
+    with pytest.raises(ConfigError, match=r"2D only"):
+        parse_model({"name": "pvtv2_fpn"}).build(1, 2, 3)
+    small = parse_model({"name": "pvtv2_fpn", "pyramid_channels": 64, "segmentation_channels": 32})
+    assert small.build(3, 2, 2)(torch.randn(1, 3, 64, 64)).shape == (1, 2, 64, 64)
