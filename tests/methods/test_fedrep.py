@@ -81,3 +81,33 @@ def test_communication_matches_fedlppa_table_ix():
 def test_both_phases_empty_is_rejected():
     with pytest.raises(ValueError, match="nothing would be trained"):
         get_method("fedrep").Config(head_iters=0, body_iters=0)
+
+
+def test_joint_schedule_trains_head_and_body_together_and_keeps_head_local():
+    sim = _sim(schedule="joint")
+    calls = []
+    original = sim.method.local_train
+
+    def spy(model, ctx, **kw):
+        calls.append((kw, {n for n, p in model.named_parameters() if p.requires_grad}))
+        return original(model, ctx, **kw)
+
+    sim.method.local_train = spy
+    glob = sim.payloads["site0"].tensors
+    res = _step(sim)
+    names = {n for n, _ in sim.model.named_parameters()}
+    assert calls == [({}, names)]  # one phase, every weight trainable, train.local_iters steps
+    assert not HEAD & set(res.upload.tensors)
+    assert not torch.equal(
+        res.upload.tensors["encoder.blocks.0.0.weight"], glob["encoder.blocks.0.0.weight"]
+    )
+    assert not torch.equal(
+        res.state["weights"]["decoder.head.weight"],
+        sim.states["site0"]["weights"]["decoder.head.weight"],
+    )
+    assert set(res.metrics) == {"loss"}
+
+
+def test_joint_schedule_rejects_phase_lengths():
+    with pytest.raises(ValueError, match="schedule: alternating only"):
+        get_method("fedrep").Config(schedule="joint", head_iters=2)

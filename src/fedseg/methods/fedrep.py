@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Literal
 
 from pydantic import Field, model_validator
 from torch import nn
@@ -47,6 +48,10 @@ class FedRep(FedAvg):
     its head frozen; the server averages the body (encoder, decoder blocks, BN) by sample
     count. The head never leaves the site.
 
+    ``schedule: joint`` trains head and body together instead (one phase of
+    ``train.local_iters`` steps), as the segmentation reference code of FedDP and the
+    virtual-class paper (jcwang123/PFL-Seg-Trans ``--fl fedrep``) does.
+
     ``wss: dual_decoder`` adds FedLPPA's auxiliary decoder; its head is local as well.
 
     Reference: Collins et al., "Exploiting Shared Representations for Personalized Federated
@@ -56,6 +61,9 @@ class FedRep(FedAvg):
     class Config(WSSConfig):
         """FedRep settings (plus the ``wss`` option)."""
 
+        schedule: Literal["alternating", "joint"] = "alternating"
+        """``alternating``: head phase then body phase (the paper); ``joint``: head and body
+        trained together for ``train.local_iters`` steps (PFL-Seg-Trans)."""
         head_iters: int | None = Field(None, ge=0)
         """Head-only optimiser steps per round, body frozen (default: ``train.local_iters``)."""
         body_iters: int | None = Field(None, ge=0)
@@ -65,6 +73,13 @@ class FedRep(FedAvg):
         def _some_training(self) -> FedRep.Config:
             if self.head_iters == 0 and self.body_iters == 0:
                 raise ValueError("head_iters and body_iters are both 0: nothing would be trained")
+            if self.schedule == "joint" and (
+                self.head_iters is not None or self.body_iters is not None
+            ):
+                raise ValueError(
+                    "head_iters / body_iters apply to schedule: alternating only; "
+                    "schedule: joint trains train.local_iters steps"
+                )
             return self
 
     config: Config
@@ -74,6 +89,8 @@ class FedRep(FedAvg):
 
     def train_round(self, payload: Payload, ctx: ClientContext) -> dict[str, float]:
         model, cfg = ctx.model, self.config
+        if cfg.schedule == "joint":
+            return self.local_train(model, ctx)
         head = set(self.parts(model).private)
         body = {n for n, _ in model.named_parameters()} - head
         n_head = ctx.train.local_iters if cfg.head_iters is None else cfg.head_iters
