@@ -39,7 +39,9 @@ class Partition:
     """Roles of the model's state-dict entries.
 
     Precedence: ``private`` > ``download_only`` > ``shared``. Every key must get a role, and
-    every selector must match at least one key.
+    every selector must match at least one key. A network may keep entries on the site
+    whatever the method: patterns in its ``private_keys`` attribute join ``private`` (e.g.
+    SynergyNet's codebook with ``codebook: private``).
 
     Attributes:
         shared: uploaded by a site and sent back by the server.
@@ -55,9 +57,10 @@ class Partition:
         """Assign every state-dict key of ``model`` to exactly one role."""
         keys = list(model.state_dict())
         groups = {}
+        own: tuple[Selector, ...] = tuple(getattr(model, "private_keys", ()))
         for role in ("private", "download_only", "shared"):
             matched: set[str] = set()
-            for sel in getattr(self, role):
+            for sel in getattr(self, role) + (own if role == "private" else ()):
                 hits = _match(sel, keys, model)
                 if not hits:
                     raise ConfigError(

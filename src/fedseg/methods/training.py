@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -11,6 +12,7 @@ from fedseg.losses import DiceBCELoss, PartialCrossEntropy, SoftDiceLoss
 from fedseg.methods.base import ClientContext
 
 __all__ = [
+    "AuxiliaryLoss",
     "LossFn",
     "make_optimizer",
     "restore_optimizer_state",
@@ -20,6 +22,18 @@ __all__ = [
 ]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@runtime_checkable
+class AuxiliaryLoss(Protocol):
+    """A sub-module with a loss term of its own (e.g. SynergyNet's vector quantiser):
+    :func:`train_steps` adds it to every method's loss and reports its metrics."""
+
+    def pop_auxiliary_loss(self) -> torch.Tensor | None:
+        """The term of the last forward pass (None: none since the last call)."""
+
+    def auxiliary_metrics(self) -> dict[str, float]:
+        """Statistics of the forwards whose term was popped since the last call (then reset)."""
 
 
 def make_optimizer(
@@ -96,8 +110,10 @@ def train_steps(
     batches.
 
     ``params`` restricts what is optimised (default: all trainable parameters);
-    ``regularizer`` adds a term such as FedProx's proximal penalty. Returns the mean loss.
-    With ``train.keep_optimizer_state`` the optimiser continues from the site's last round.
+    ``regularizer`` adds a term such as FedProx's proximal penalty, and every
+    :class:`AuxiliaryLoss` sub-module of ``model`` its own term. Returns the mean loss (all
+    terms) and the auxiliary modules' metrics. With ``train.keep_optimizer_state`` the
+    optimiser continues from the site's last round.
     """
     loss_fn = loss_fn or segmentation_loss(ctx)
     chosen = (
@@ -105,12 +121,16 @@ def train_steps(
     )
     opt = make_optimizer(chosen, ctx)
     restore_optimizer_state(opt, _owner(model), ctx)
+    aux = [m for m in model.modules() if isinstance(m, AuxiliaryLoss)]
     model.train()
     n = ctx.steps() if iters is None else iters
     total = 0.0
     for _ in range(n):
         images, labels = next(ctx.batches)
         loss = loss_fn(model(images), labels)
+        for m in aux:
+            if (term := m.pop_auxiliary_loss()) is not None:
+                loss = loss + term
         if regularizer is not None:
             loss = loss + regularizer()
         opt.zero_grad(set_to_none=True)
@@ -118,7 +138,10 @@ def train_steps(
         opt.step()
         total += float(loss.detach())
     save_optimizer_state(opt, _owner(model), ctx)
-    return {"loss": total / max(n, 1)}
+    metrics = {"loss": total / max(n, 1)}
+    for m in aux:
+        metrics |= m.auxiliary_metrics()
+    return metrics
 
 
 def _owner(model: nn.Module) -> nn.Module:
