@@ -31,27 +31,43 @@ __all__ = [
 
 CHANNELS = (16, 32, 64, 128, 256)
 DROPOUT = (0.05, 0.1, 0.2, 0.3, 0.5)
+Activation = Literal["leaky_relu", "relu"]
+Upsample = Literal["interp", "transpose"]
+ACTIVATIONS: dict[str, type[nn.Module]] = {"leaky_relu": nn.LeakyReLU, "relu": nn.ReLU}
 
 
 class ConvBlock(nn.Sequential):
-    """conv3 - norm - LeakyReLU - Dropout - conv3 - norm - LeakyReLU (norm: BN by default)."""
+    """conv3 - norm - LeakyReLU - Dropout - conv3 - norm - LeakyReLU (norm: BN by default;
+    ``act="relu"`` and ``bias=False`` give HarmoFL's block)."""
 
     def __init__(
-        self, ndim: int, in_ch: int, out_ch: int, p: float, norm_kind: Norm = "batch"
+        self,
+        ndim: int,
+        in_ch: int,
+        out_ch: int,
+        p: float,
+        norm_kind: Norm = "batch",
+        act: Activation = "leaky_relu",
+        bias: bool = True,
     ) -> None:
         super().__init__(
-            conv(ndim, in_ch, out_ch),
+            conv(ndim, in_ch, out_ch, bias=bias),
             norm(ndim, out_ch, norm_kind),
-            nn.LeakyReLU(),
+            ACTIVATIONS[act](),
             dropout(ndim, p),
-            conv(ndim, out_ch, out_ch),
+            conv(ndim, out_ch, out_ch, bias=bias),
             norm(ndim, out_ch, norm_kind),
-            nn.LeakyReLU(),
+            ACTIVATIONS[act](),
         )
 
 
 class Encoder(nn.Module):
-    """Five ConvBlocks separated by max pooling; returns the feature of every level."""
+    """Five ConvBlocks separated by max pooling; returns the feature of every level.
+
+    ``post`` (empty by default) maps a level name (``enc2``, ...) to a module applied to that
+    level's output, which then feeds both the next level and the skip connection (e.g.
+    FedBCS's frequency-domain style recalibration).
+    """
 
     def __init__(
         self,
@@ -60,25 +76,33 @@ class Encoder(nn.Module):
         channels: Sequence[int] = CHANNELS,
         dropout_p: Sequence[float] = DROPOUT,
         norm_kind: Norm = "batch",
+        act: Activation = "leaky_relu",
+        bias: bool = True,
     ) -> None:
         super().__init__()
         self.pool = max_pool(ndim)
         chans = [in_channels, *channels]
         self.blocks = nn.ModuleList(
-            ConvBlock(ndim, chans[i], chans[i + 1], dropout_p[i], norm_kind)
+            ConvBlock(ndim, chans[i], chans[i + 1], dropout_p[i], norm_kind, act, bias)
             for i in range(len(channels))
         )
+        self.post = nn.ModuleDict()
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
         feats = []
         for i, block in enumerate(self.blocks):
             x = block(x if i == 0 else self.pool(x))
+            if f"enc{i + 1}" in self.post:
+                x = self.post[f"enc{i + 1}"](x)
             feats.append(x)
         return feats
 
 
 class UpBlock(nn.Module):
-    """conv1x1 - x2 interpolation - concat with the skip feature - ConvBlock."""
+    """conv1x1 - x2 interpolation - concat with the skip feature - ConvBlock.
+
+    ``upsample="transpose"`` replaces conv1x1 + interpolation by a 2x2 stride-2 transposed
+    convolution (HarmoFL's UNet; interpolated only if the sizes still differ)."""
 
     def __init__(
         self,
@@ -88,14 +112,24 @@ class UpBlock(nn.Module):
         out_ch: int,
         p: float = 0.0,
         norm_kind: Norm = "batch",
+        act: Activation = "leaky_relu",
+        bias: bool = True,
+        upsample: Upsample = "interp",
     ) -> None:
         super().__init__()
         self.mode = upsample_mode(ndim)
-        self.reduce = conv(ndim, in_ch, skip_ch, kernel_size=1)
-        self.conv = ConvBlock(ndim, 2 * skip_ch, out_ch, p, norm_kind)
+        self.transpose = upsample == "transpose"
+        if self.transpose:
+            cls = nn.ConvTranspose2d if ndim == 2 else nn.ConvTranspose3d
+            self.reduce: nn.Module = cls(in_ch, skip_ch, kernel_size=2, stride=2)
+        else:
+            self.reduce = conv(ndim, in_ch, skip_ch, kernel_size=1)
+        self.conv = ConvBlock(ndim, 2 * skip_ch, out_ch, p, norm_kind, act, bias)
 
     def forward(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
-        x = F.interpolate(self.reduce(x), size=skip.shape[2:], mode=self.mode, align_corners=True)
+        x = self.reduce(x)
+        if not self.transpose or x.shape[2:] != skip.shape[2:]:
+            x = F.interpolate(x, size=skip.shape[2:], mode=self.mode, align_corners=True)
         return self.conv(torch.cat([skip, x], dim=1))
 
 
@@ -111,13 +145,17 @@ class Decoder(nn.Module):
         bottleneck_channels: int | None = None,
         norm_kind: Norm = "batch",
         head_kernel: int = 3,
+        act: Activation = "leaky_relu",
+        bias: bool = True,
+        upsample: Upsample = "interp",
     ) -> None:
         super().__init__()
         bottom = bottleneck_channels or channels[-1]
         ins = [bottom, *reversed(channels[1:-1])]
         skips = list(reversed(channels[:-1]))
         self.ups = nn.ModuleList(
-            UpBlock(ndim, i, s, s, norm_kind=norm_kind) for i, s in zip(ins, skips, strict=True)
+            UpBlock(ndim, i, s, s, 0.0, norm_kind, act, bias, upsample)
+            for i, s in zip(ins, skips, strict=True)
         )
         self.head = conv(ndim, channels[0], num_classes, kernel_size=head_kernel)
 
@@ -159,6 +197,9 @@ class UNetOutput:
 class UNet(nn.Module):
     """Encoder-decoder UNet; ``ndim`` selects 2D or 3D layers from the same code.
 
+    ``act``, ``conv_bias`` and ``upsample`` select HarmoFL's variant (ReLU, bias-free 3x3
+    convolutions, transposed-convolution upsampling; see ``harmofl_unet``).
+
     Example:
         >>> net = UNet(in_channels=1, num_classes=2)
         >>> sum(p.numel() for p in net.parameters())
@@ -174,6 +215,9 @@ class UNet(nn.Module):
         dropout_p: Sequence[float] = DROPOUT,
         norm_kind: Norm = "batch",
         head_kernel: int = 3,
+        act: Activation = "leaky_relu",
+        conv_bias: bool = True,
+        upsample: Upsample = "interp",
     ) -> None:
         super().__init__()
         if len(channels) != len(dropout_p):
@@ -182,8 +226,10 @@ class UNet(nn.Module):
                 f"{len(dropout_p)}"
             )
         self.ndim = ndim
-        self.encoder = Encoder(in_channels, ndim, channels, dropout_p, norm_kind)
-        self.decoder = Decoder(num_classes, ndim, channels, None, norm_kind, head_kernel)
+        self.encoder = Encoder(in_channels, ndim, channels, dropout_p, norm_kind, act, conv_bias)
+        self.decoder = Decoder(
+            num_classes, ndim, channels, None, norm_kind, head_kernel, act, conv_bias, upsample
+        )
 
     def forward_features(self, x: torch.Tensor) -> UNetOutput:
         """Run the network and keep every encoder and decoder feature."""

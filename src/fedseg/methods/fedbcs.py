@@ -1,0 +1,420 @@
+"""FedBCS (Zhao et al., AAAI 2026): style-recalibrated, context-aware dual-level prototypes.
+
+* FSR (:class:`~fedseg.models.fsr.FSR`) recalibrates the style of encoder levels 2 .. L-1
+  (enc2-enc4 of the 5-level UNet) inside the network; its output feeds pooling and skip.
+* CDPA: every shallow encoder level is concatenated with the (nearest-upsampled) deepest
+  encoder level and fused to ``fusion_dim`` channels by a 1x1 convolution; the fused maps are
+  resized to the first one's size and concatenated (768-d at full resolution on HarmoFL's
+  UNet); the decoder branch does the same with dec3..dec1 and dec4 (768-d at H/4).
+* Each site uploads per-class prototypes of both branches (mean of per-batch class means
+  over the last local epoch, pre-step features); the server clusters each class's client
+  prototypes with FINCH and sends back all cluster centres.
+* Local loss: Dice+CE + mean over branches of (L_contra + L_consis) on foreground pixels:
+  InfoNCE over cluster centres (temperature ``tau``) and MSE to the class's mean centre.
+* Weights: sample-count-weighted FedAvg of everything (the paper's supplement, Eq. 27).
+
+Reference: Zhao et al., "Divide, Conquer and Unite: Hierarchical Style-Recalibrated Prototype
+Alignment for Federated Medical Image Segmentation", AAAI 2026. See docs/methods/fedbcs.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field, PositiveFloat, PositiveInt, model_validator
+from torch import nn
+
+from fedseg.errors import ConfigError
+from fedseg.methods.aggregate import weighted_average
+from fedseg.methods.base import (
+    ClientContext,
+    ClientResult,
+    FederationSpec,
+    Method,
+    MethodConfig,
+    Payload,
+    ServerContext,
+    ServerResult,
+    State,
+    Template,
+    TensorSpec,
+    batches_per_epoch,
+)
+from fedseg.methods.finch import finch_clusters
+from fedseg.methods.prototypes import (
+    PrototypeAccumulator,
+    prototype_spec,
+    prototype_tensors,
+    read_prototypes,
+    resize_labels,
+)
+from fedseg.methods.registry import register_method
+from fedseg.methods.training import segmentation_loss, train_steps
+from fedseg.models.fsr import FSR, FSRGate
+from fedseg.models.layers import conv
+from fedseg.models.registry import ModelConfig
+from fedseg.models.unet import UNet, UNetOutput
+
+__all__ = ["FedBCS", "FedBCSNet", "consistency_loss", "contrastive_loss"]
+
+log = logging.getLogger(__name__)
+
+Branch = Literal["enc", "dec"]
+
+
+def _widths(net: UNet) -> list[int]:
+    return [block[0].out_channels for block in net.encoder.blocks]
+
+
+class FedBCSNet(nn.Module):
+    """A UNet (with FSR in its encoder, if any) plus the CDPA fusion convolutions.
+
+    ``forward`` is the UNet's; :meth:`embed` also returns the fused pixel embeddings of the
+    encoder branch (at enc1's resolution) and the decoder branch (at dec<L-2>'s resolution),
+    each ``(L - 2) * fusion_dim`` channels.
+    """
+
+    def __init__(self, backbone: UNet, fusion_dim: int | None = None) -> None:
+        super().__init__()
+        widths = _widths(backbone)
+        if len(widths) < 3:
+            raise ConfigError(f"fedbcs: CDPA needs a UNet with >= 3 levels, got {len(widths)}")
+        levels = widths[:-1]  # enc1 .. enc<L-1> (dec1 .. dec<L-1> have the same widths)
+        deep, dim = levels[-1], fusion_dim or levels[-1]
+        ndim = backbone.ndim
+        self.backbone = backbone
+        self.enc_fusion = nn.ModuleList(conv(ndim, w + deep, dim, 1) for w in levels[:-1])
+        self.dec_fusion = nn.ModuleList(conv(ndim, w + deep, dim, 1) for w in levels[-2::-1])
+        self.embed_dim = dim * (len(levels) - 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.backbone(x)
+
+    def forward_features(self, x: torch.Tensor) -> UNetOutput:
+        return self.backbone.forward_features(x)
+
+    def embed(self, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``(logits, {"enc": [B, E, *S_enc1], "dec": [B, E, *S_dec<L-2>]})``."""
+        out = self.backbone.forward_features(x)
+        enc = out.encoder[:-1]  # enc1 .. enc<L-1>; the bottleneck is not used
+        dec = out.decoder  # dec<L-1> .. dec1
+        return out.logits, {
+            "enc": _fuse(enc[:-1], enc[-1], self.enc_fusion),
+            "dec": _fuse(dec[1:], dec[0], self.dec_fusion),
+        }
+
+
+def _fuse(
+    shallow: Sequence[torch.Tensor], deep: torch.Tensor, convs: nn.ModuleList
+) -> torch.Tensor:
+    """Eqs. 10-11: concat(shallow, nearest-upsampled deep) -> 1x1 conv, per shallow level;
+    the results nearest-resized to the first shallow level's size and concatenated."""
+    fused = [
+        fuse(torch.cat([s, F.interpolate(deep, size=s.shape[2:], mode="nearest")], 1))
+        for s, fuse in zip(shallow, convs, strict=True)
+    ]
+    size = fused[0].shape[2:]
+    return torch.cat([F.interpolate(f, size=size, mode="nearest") for f in fused], 1)
+
+
+class _Embedding(nn.Module):
+    """Training view of a :class:`FedBCSNet`: ``forward`` returns :meth:`FedBCSNet.embed`
+    (``net`` names the network whose parameter names key the optimiser state)."""
+
+    def __init__(self, net: FedBCSNet) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return self.net.embed(x)
+
+
+def contrastive_loss(
+    features: torch.Tensor,
+    centres: torch.Tensor,
+    positive: torch.Tensor,
+    tau: float,
+    clamp: bool = True,
+) -> torch.Tensor:
+    """Eq. 15, mean over ``features`` ``[N, D]``: -log(sum_pos e^{cos/tau} / sum_all
+    e^{cos/tau}) over ``centres`` ``[M, D]`` (``positive``: bool ``[M]``).
+
+    ``clamp`` reproduces the authors' code (logits capped at 20, exponentials at 1e6, +1e-9);
+    otherwise the exact log-sum-exp form."""
+    sim = F.normalize(features, dim=1) @ F.normalize(centres, dim=1).T / tau
+    if clamp:
+        e = sim.clamp(max=20.0).exp().clamp(max=1e6)
+        return -torch.log((e[:, positive].sum(1) + 1e-9) / (e.sum(1) + 1e-9)).mean()
+    return (torch.logsumexp(sim, 1) - torch.logsumexp(sim[:, positive], 1)).mean()
+
+
+def consistency_loss(features: torch.Tensor, centres: torch.Tensor) -> torch.Tensor:
+    """Eq. 16 as the code computes it: MSE between ``features`` ``[N, D]`` and the mean of
+    the class's cluster centres ``[M_c, D]`` (Eq. 14), averaged over N x D."""
+    return F.mse_loss(features, centres.mean(0).expand_as(features))
+
+
+@register_method("fedbcs")
+class FedBCS(Method):
+    """FedAvg + FSR in the encoder + dual-level (encoder/decoder) prototype alignment with
+    FINCH cluster centres. ``fsr`` / ``cdpa`` switch the two components (Table 2)."""
+
+    class Config(MethodConfig):
+        """FedBCS settings; defaults are the paper's / the authors' code's."""
+
+        fsr: bool = True
+        """Frequency-domain style recalibration in the encoder (Table 2 column FSR)."""
+        cdpa: bool = True
+        """Dual-level prototypes, FINCH and the L_MP loss (Table 2 column CDPA); without it
+        no prototype travels and the method is FedAvg (+ FSR)."""
+        fsr_levels: tuple[PositiveInt, ...] | None = None
+        """Encoder levels (1 = full resolution) followed by FSR; default 2 .. L-1
+        (enc2, enc3, enc4 of the 5-level UNet, as the code)."""
+        fsr_gate: FSRGate = "learned"
+        """``learned`` (code: softmax(h / T), one pair per module) or ``gap`` (Eq. 6)."""
+        fsr_temperature: PositiveFloat = 0.1
+        """T of the ``learned`` gate."""
+        branches: tuple[Branch, ...] = ("enc", "dec")
+        """Prototype branches uploaded and aligned: 2 prototypes per class each (Table 3:
+        4 per client on binary tasks); ``[enc]`` keeps only the encoder branch."""
+        fusion_dim: PositiveInt | None = None
+        """Channels of each fused level (default: the deepest encoder level's, 256 on
+        harmofl_unet, giving 768-d embeddings)."""
+        tau: PositiveFloat = 0.005
+        """InfoNCE temperature (paper: 0.005 nuclei, 0.4 prostate; code default 0.005)."""
+        contra_weight: float = Field(1.0, ge=0)
+        """Weight of L_contra (paper: 1)."""
+        consis_weight: float = Field(1.0, ge=0)
+        """Weight of L_consis (paper: 1)."""
+        clamp: bool = True
+        """The code's logit (20) and exp (1e6) caps in L_contra; false: exact."""
+        pull: Literal["foreground", "all"] = "foreground"
+        """Pixels that carry L_MP: foreground classes only (code; background prototypes are
+        negatives only) or every class."""
+        max_pixels: PositiveInt | None = None
+        """Cap on pixels per class per batch in L_MP (random subset; default: all)."""
+        prototype_mode: Literal["batch_mean", "pixel"] = "batch_mean"
+        """Local prototype: mean of per-batch class means (code) or of all pixels."""
+        aggregation: Literal["samples", "uniform"] = "samples"
+        """Weight averaging: by sample count (supplement Eq. 27) or uniform."""
+
+        @model_validator(mode="after")
+        def _check(self) -> FedBCS.Config:
+            if self.cdpa and not self.branches:
+                raise ValueError("branches must name at least one of enc, dec")
+            if len(set(self.branches)) != len(self.branches):
+                raise ValueError(f"branches must not repeat, got {list(self.branches)}")
+            return self
+
+    config: Config
+    summary = "FedBCS: FSR in the encoder + dual-level FINCH prototypes (L_contra + L_consis)"
+
+    def __init__(
+        self, config: Config, spec: FederationSpec, model: ModelConfig | None = None
+    ) -> None:
+        super().__init__(config, spec, model)
+        if not config.fsr and not config.cdpa:
+            log.warning("fedbcs with fsr and cdpa off is FedAvg (Table 2, first row)")
+
+    # -- network and templates ---------------------------------------------------------------
+    def build_model(self) -> nn.Module:
+        s, cfg = self.spec, self.config
+        net = self.model_cfg.build(s.in_channels, s.num_classes, s.ndim)
+        if not isinstance(net, UNet):
+            raise ConfigError(
+                f"fedbcs inserts FSR into a UNet encoder; model.name must be unet or "
+                f"harmofl_unet, got {self.model_cfg.name!r}"
+            )
+        widths = _widths(net)
+        if cfg.fsr:
+            levels = cfg.fsr_levels or tuple(range(2, len(widths)))
+            bad = [k for k in levels if k > len(widths)]
+            if bad:
+                raise ConfigError(
+                    f"method.fsr_levels: the model has encoder levels 1..{len(widths)}, got {bad}"
+                )
+            for k in levels:
+                net.encoder.post[f"enc{k}"] = FSR(widths[k - 1], cfg.fsr_gate, cfg.fsr_temperature)
+        return FedBCSNet(net, cfg.fusion_dim) if cfg.cdpa else net
+
+    def _dim(self, model: nn.Module) -> int:
+        return model.embed_dim if isinstance(model, FedBCSNet) else 0
+
+    def _branches(self) -> tuple[Branch, ...]:
+        return self.config.branches if self.config.cdpa else ()
+
+    def upload_template(self, model: nn.Module) -> Template:
+        k, d = self.spec.num_classes, self._dim(model)
+        out = super().upload_template(model)
+        for b in self._branches():
+            out |= prototype_spec(f"protos.{b}", k, d)
+        return out
+
+    def download_template(self, model: nn.Module) -> Template:
+        d = self._dim(model)
+        out = super().download_template(model)
+        for b in self._branches():
+            out[f"centres.{b}"] = TensorSpec((None, d), torch.float32)
+            out[f"centres.{b}.class"] = TensorSpec((None,), torch.int64)
+        return out
+
+    def init_server(self, model: nn.Module) -> ServerResult:
+        out = super().init_server(model)
+        weights = next(iter(out.payloads.values())).tensors
+        payload = Payload({**weights, **self._empty_centres(model)})
+        return ServerResult(dict.fromkeys(out.payloads, payload), {})
+
+    def _empty_centres(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        d = self._dim(model)
+        out = {}
+        for b in self._branches():
+            out[f"centres.{b}"] = torch.zeros(0, d)
+            out[f"centres.{b}.class"] = torch.zeros(0, dtype=torch.long)
+        return out
+
+    # -- client ------------------------------------------------------------------------------
+    def client_step(self, payload: Payload, state: State, ctx: ClientContext) -> ClientResult:
+        model = ctx.model
+        self.load(model, payload, state)
+        if not self.config.cdpa:
+            metrics = train_steps(model, ctx)
+            upload, private = self.split(model)
+            return ClientResult(Payload(upload, num_examples=ctx.site.num_train), private, metrics)
+        if not isinstance(model, FedBCSNet):
+            raise ConfigError(f"fedbcs: expected a FedBCSNet, got {type(model).__name__}")
+        centres = {
+            b: (
+                payload.tensors[f"centres.{b}"].to(ctx.device),
+                payload.tensors[f"centres.{b}.class"].to(ctx.device),
+            )
+            for b in self._branches()
+        }
+        protos, metrics = self._train(model, centres, ctx)
+        upload, private = self.split(model)
+        sent = 0
+        for b, acc in protos.items():
+            mean, count = acc.result()
+            upload |= prototype_tensors(f"protos.{b}", mean, count)
+            sent += int((count > 0).sum())
+        metrics["prototypes"] = float(sent)
+        return ClientResult(Payload(upload, num_examples=ctx.site.num_train), private, metrics)
+
+    def _train(
+        self,
+        model: FedBCSNet,
+        centres: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+        ctx: ClientContext,
+    ) -> tuple[dict[str, PrototypeAccumulator], dict[str, float]]:
+        """Local training with L_MP; prototypes of the last local epoch's batches."""
+        spec, cfg = ctx.spec, self.config
+        steps = ctx.steps()
+        first = steps - min(steps, batches_per_epoch(ctx.site.num_train, ctx.train.batch_size))
+        accs = {
+            b: PrototypeAccumulator(spec.num_classes, spec.ignore_index, cfg.prototype_mode)
+            for b in self._branches()
+        }
+        seg = segmentation_loss(ctx)
+        step = [0]
+        sums = {"l_contra": 0.0, "l_consis": 0.0}
+
+        def loss(
+            out: tuple[torch.Tensor, dict[str, torch.Tensor]], y: torch.Tensor
+        ) -> torch.Tensor:
+            logits, emb = out
+            if step[0] >= first:
+                for b, acc in accs.items():
+                    acc.add(emb[b], y)
+            step[0] += 1
+            contra, consis = self.mp_terms(emb, y, centres, ctx)
+            sums["l_contra"] += float(contra.detach())
+            sums["l_consis"] += float(consis.detach())
+            return seg(logits, y) + cfg.contra_weight * contra + cfg.consis_weight * consis
+
+        metrics = train_steps(_Embedding(model), ctx, loss)  # type: ignore[arg-type]
+        metrics |= {k: v / max(steps, 1) for k, v in sums.items()}
+        return accs, metrics
+
+    def mp_terms(
+        self,
+        embeddings: Mapping[str, torch.Tensor],
+        labels: torch.Tensor,
+        centres: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+        ctx: ClientContext,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(L_contra, L_consis)`` of one batch: per branch the mean over the pulled classes
+        present in the batch that have centres, then the mean over branches (0 without
+        centres, e.g. in round 1)."""
+        cfg, spec = self.config, ctx.spec
+        zero = next(iter(embeddings.values())).new_zeros(())
+        contra, consis = zero, zero
+        for b, (cents, cls) in centres.items():
+            if len(cents) == 0:
+                continue
+            f = embeddings[b]
+            y = resize_labels(labels, tuple(f.shape[2:])).flatten()
+            f = f.flatten(2).transpose(1, 2).reshape(-1, f.shape[1])
+            first = 1 if cfg.pull == "foreground" else 0
+            classes = [c for c in range(first, spec.num_classes) if (cls == c).any()]
+            terms = []
+            for c in classes:
+                fc = f[y == c]
+                if len(fc) == 0:
+                    continue
+                if cfg.max_pixels is not None and len(fc) > cfg.max_pixels:
+                    pick = torch.randperm(len(fc), generator=ctx.generator)[: cfg.max_pixels]
+                    fc = fc[pick.to(fc.device)]
+                pos = cls == c
+                terms.append(
+                    (
+                        contrastive_loss(fc, cents, pos, cfg.tau, cfg.clamp),
+                        consistency_loss(fc, cents[pos]),
+                    )
+                )
+            if terms:
+                contra = contra + torch.stack([t[0] for t in terms]).mean() / len(centres)
+                consis = consis + torch.stack([t[1] for t in terms]).mean() / len(centres)
+        return contra, consis
+
+    # -- server ------------------------------------------------------------------------------
+    def server_step(
+        self, uploads: Mapping[str, Payload], state: State, ctx: ServerContext
+    ) -> ServerResult:
+        first = next(iter(uploads.values()))
+        keys = [k for k in first.tensors if not k.startswith("protos.")]
+        weights = None
+        if self.config.aggregation == "uniform":
+            weights = dict.fromkeys(uploads, 1.0 / len(uploads))
+        payload = weighted_average(uploads, weights, keys)
+        clusters: dict[str, list[int]] = {}
+        for b in self._branches():
+            cents, cls, sizes = self.cluster({s: u.tensors for s, u in uploads.items()}, b)
+            payload[f"centres.{b}"], payload[f"centres.{b}.class"] = cents, cls
+            clusters[b] = sizes
+        shared = Payload(payload)
+        metrics = {"clusters": clusters} if clusters else {}
+        return ServerResult(dict.fromkeys(ctx.spec.site_names, shared), state, metrics)
+
+    def cluster(
+        self, uploads: Mapping[str, Mapping[str, torch.Tensor]], branch: str
+    ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """FINCH per class over the sites' ``branch`` prototypes (sites that saw the class):
+        ``(centres [M, D], class of each centre [M], clusters per class)``."""
+        sets = [read_prototypes(t, f"protos.{branch}") for t in uploads.values()]
+        dim = sets[0][0].shape[1]
+        cents, cls, sizes = [], [], []
+        for c in range(self.spec.num_classes):
+            vecs = [p[c] for p, n in sets if n[c] > 0]
+            if not vecs:
+                sizes.append(0)
+                continue
+            _, centroids = finch_clusters(torch.stack(vecs))
+            cents.append(centroids)
+            cls.append(torch.full((len(centroids),), c, dtype=torch.long))
+            sizes.append(len(centroids))
+        if not cents:
+            return torch.zeros(0, dim), torch.zeros(0, dtype=torch.long), sizes
+        return torch.cat(cents), torch.cat(cls), sizes
