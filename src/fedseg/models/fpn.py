@@ -20,6 +20,7 @@ from pydantic import Field, NonNegativeFloat, PositiveInt
 from torch import nn
 
 from fedseg.errors import ConfigError
+from fedseg.models.paa import PAA
 from fedseg.models.pvtv2 import PVTv2, convert_pvtv2_state_dict
 from fedseg.models.registry import ModelConfig, register_model
 
@@ -45,8 +46,15 @@ class FPNBlock(nn.Module):
         """``x`` resized (nearest) to ``skip``'s grid (x2 for sizes divisible by 32)."""
         return F.interpolate(x, size=skip.shape[2:], mode="nearest")
 
-    def forward(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
-        return self.upsample(x, skip) + self.skip_conv(skip)
+    def forward(
+        self, x: torch.Tensor, skip: torch.Tensor, paa: nn.Module | None = None
+    ) -> torch.Tensor:
+        """The finer level; ``paa(d, skip)`` (the virtual-class paper's affinity
+        aggregation) is added to the up-sampled ``d`` when given."""
+        d = self.upsample(x, skip)
+        if paa is not None:
+            d = d + paa(d, skip)
+        return d + self.skip_conv(skip)
 
 
 class Conv3x3GNReLU(nn.Sequential):
@@ -108,13 +116,16 @@ class FPNDecoder(nn.Module):
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
 
-    def pyramid(self, feats: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """``[p5, p4, p3, p2]`` from the encoder features ``[c2, c3, c4, c5]``."""
-        c2, c3, c4, c5 = feats
-        p5 = self.p5(c5)
-        p4 = self.p4(p5, c4)
-        p3 = self.p3(p4, c3)
-        return [p5, p4, p3, self.p2(p3, c2)]
+    def pyramid(
+        self, feats: Sequence[torch.Tensor], paa: Sequence[nn.Module] = ()
+    ) -> list[torch.Tensor]:
+        """``[p5, p4, p3, p2]`` from the encoder features ``[c2, c3, c4, c5]``; ``paa``: one
+        affinity-aggregation module per top-down step (p4, p3, p2) or none."""
+        fuse = list(paa) or [None, None, None]
+        levels = [self.p5(feats[3])]
+        for block, skip, m in zip((self.p4, self.p3, self.p2), feats[2::-1], fuse, strict=True):
+            levels.append(block(levels[-1], skip, m))
+        return levels
 
     def merge(self, levels: Sequence[torch.Tensor]) -> torch.Tensor:
         """Sum of the segmentation branches (each at the finest level's size), dropout."""
@@ -158,6 +169,8 @@ class PVTv2FPN(nn.Module):
     Features (:meth:`forward_features`): ``enc1`` ... ``enc4`` (strides 4 ... 32, 32/64/160/256
     channels), ``dec4`` ... ``dec1`` (pyramid levels p5 ... p2 at the strides of ``enc4`` ...
     ``enc1``, ``pyramid_channels`` each) and ``fpn`` (the merged map the head reads, stride 4).
+    ``paa`` adds the virtual-class paper's affinity aggregation to the top-down steps
+    (``paa.{0,1,2}`` for p4, p3, p2; see :mod:`fedseg.models.paa`).
     """
 
     def __init__(
@@ -168,6 +181,7 @@ class PVTv2FPN(nn.Module):
         pyramid_channels: int = 256,
         segmentation_channels: int = 128,
         dropout: float = 0.2,
+        paa: bool = False,
     ) -> None:
         super().__init__()
         self.encoder = PVTv2(in_channels, drop_path=drop_path)
@@ -178,11 +192,19 @@ class PVTv2FPN(nn.Module):
             segmentation_channels=segmentation_channels,
             dropout=dropout,
         )
+        fpn = self.decoder.fpn
+        self.paa = (
+            nn.ModuleList(
+                PAA(pyramid_channels, b.skip_conv.in_channels) for b in (fpn.p4, fpn.p3, fpn.p2)
+            )
+            if paa
+            else nn.ModuleList()
+        )
 
     def forward_features(self, x: torch.Tensor) -> SegOutput:
         """Run the network and keep every encoder, pyramid and merged feature."""
         enc = self.encoder(x)
-        levels = self.decoder.fpn.pyramid(enc)
+        levels = self.decoder.fpn.pyramid(enc, self.paa)
         merged = self.decoder.fpn.merge(levels)
         logits = F.interpolate(
             self.decoder.head(merged), size=x.shape[2:], mode="bilinear", align_corners=False
@@ -234,7 +256,10 @@ class PVTv2FPNConfig(ModelConfig):
     dropout: NonNegativeFloat = Field(0.2, lt=1)
     weights: Path | None = None
 
-    def build(self, in_channels: int, num_classes: int, ndim: int) -> nn.Module:
+    def build(
+        self, in_channels: int, num_classes: int, ndim: int, *, paa: bool = False
+    ) -> PVTv2FPN:
+        """The network; ``paa`` adds affinity-aggregation modules (virtual-class method)."""
         if ndim != 2:
             raise ConfigError(f"model.name: pvtv2_fpn is 2D only, the task has ndim={ndim}")
         net = PVTv2FPN(
@@ -244,6 +269,7 @@ class PVTv2FPNConfig(ModelConfig):
             pyramid_channels=self.pyramid_channels,
             segmentation_channels=self.segmentation_channels,
             dropout=self.dropout,
+            paa=paa,
         )
         if self.weights is not None:
             try:
