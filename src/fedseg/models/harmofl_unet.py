@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import PositiveInt, model_validator
+from pydantic import PositiveInt, field_validator
 from torch import nn
 
 from fedseg.models.registry import ModelConfig, register_model
@@ -29,11 +29,12 @@ class HarmoFLUNetConfig(ModelConfig):
     name: Literal["harmofl_unet"] = "harmofl_unet"
     widths: tuple[PositiveInt, ...] = HARMOFL_WIDTHS
 
-    @model_validator(mode="after")
-    def _depth(self) -> HarmoFLUNetConfig:
-        if len(self.widths) < 2:
-            raise ValueError(f"widths needs at least 2 levels, got {list(self.widths)}")
-        return self
+    @field_validator("widths")
+    @classmethod
+    def _depth(cls, widths: tuple[int, ...]) -> tuple[int, ...]:
+        if len(widths) < 2:
+            raise ValueError(f"needs at least 2 levels, got {list(widths)}")
+        return widths
 
     def build(self, in_channels: int, num_classes: int, ndim: int) -> nn.Module:
         return UNet(
