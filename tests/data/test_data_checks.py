@@ -43,15 +43,17 @@ def test_sample_level_problems(fed_copy: Path) -> None:
     with np.load(path) as z:
         image, mask = z["image"].copy(), z["mask"].copy()
     image[0, 0, 0] = np.nan
-    mask[0, 0] = 7
     np.savez(path, image=image, mask=mask[:, :30])
     found = [p for p in problems(fed_copy) if path.name in p]
-    assert any("mask shape must be" in p for p in found)
-    assert any("shapes differ" in p for p in found)
-    assert any("mask values must be in 0..2, got [7]" in p for p in found)
-    assert any("1 non-finite pixels" in p for p in found)
+    assert any("mask shape must be (32, 32), got (32, 30)" in p for p in found)
+    assert any("image holds 1 non-finite values" in p for p in found)
+    mask[0, 0] = 7
+    np.savez(path, image=image[:2], mask=mask)
+    found = [p for p in problems(fed_copy) if path.name in p]
+    assert any("mask values must be classes 0..2, got [7]" in p for p in found)
+    assert any("image has 2 channels, the manifest says channels=3" in p for p in found)
     np.savez(path, picture=image)
-    assert any("needs arrays 'image' and 'mask'" in p for p in problems(fed_copy))
+    assert any("needs arrays 'image' and 'mask', has ['picture']" in p for p in problems(fed_copy))
 
 
 def test_missing_files_and_count_mismatch(fed_copy: Path) -> None:
@@ -68,7 +70,9 @@ def test_weak_label_problems(fed_copy: Path) -> None:
     np.save(weak[1].with_name("ghost.npy"), np.zeros((32, 32), np.uint8))
     weak[2].unlink()
     found = problems(fed_copy, labels="weak")
-    assert any("weak label values must be classes 0..2 or 255, got [9]" in p for p in found)
+    assert any(
+        "weak label values must be classes 0..2 or 255 (unlabeled), got [9]" in p for p in found
+    )
     assert any("weak labels without a sample: ghost" in p for p in found)
     assert any(f"weak labels missing for {weak[2].stem}" in p for p in found)
     edit_manifest(fed_copy, lambda d: d.update(weak_labels=None))

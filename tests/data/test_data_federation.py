@@ -107,6 +107,6 @@ def test_bad_arguments_and_mismatches(fed_copy: Path) -> None:
     with pytest.raises(DataError, match=r"manifest says .* found"):
         fed.load("A", "test")
     sample = next((fed_copy / "sites" / "A" / "train").glob("*.npz"))
-    np.savez(sample, image=np.zeros((1, 32, 32), np.float32), mask=np.zeros((32, 32), np.uint8))
+    np.savez(sample, image=np.zeros((3, 16, 16), np.float32), mask=np.zeros((32, 32), np.uint8))
     with pytest.raises(DataError, match=f"{sample.name}: image shape must be"):
         fed.load("A", "train")

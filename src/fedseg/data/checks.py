@@ -7,9 +7,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
-
-from fedseg.data.federation import WEAK_HINT, FederatedDataset, sample_dir, sample_ids, weak_path
+from fedseg.data.federation import (
+    WEAK_HINT,
+    FederatedDataset,
+    label_problems,
+    read_npy,
+    read_npz,
+    sample_dir,
+    sample_ids,
+    sample_problems,
+    weak_path,
+)
 from fedseg.data.manifest import MANIFEST, SPLITS, Manifest, SiteInfo
 from fedseg.errors import DataError
 
@@ -32,17 +40,20 @@ def check_federation(
     batch_size: int | None = None,
     labels: Literal["full", "weak"] = "full",
 ) -> list[Problem]:
-    """Every problem of ``fed``: missing or extra files, shapes, label values, non-finite pixels,
-    empty sites, train splits smaller than ``batch_size`` and, when ``labels`` is ``weak``,
-    weak labels that were never generated or are stale."""
-    problems: list[Problem] = []
+    """Every problem of ``fed``: missing, extra, damaged or unreadable files, samples breaking
+    the on-disk contract (dtypes, shapes, value ranges, label values, spacing; docs/data.md),
+    spacing on only some samples, empty sites, train splits smaller than ``batch_size`` and,
+    when ``labels`` is ``weak``, weak labels that were never generated or are stale."""
+    problems = _check_site_folders(fed)
+    spacing: dict[str, dict[str, bool]] = {}
     for site in fed.manifest.sites:
         problems += _check_site_sizes(fed.root, site, batch_size)
         if labels == "weak":
             problems += _check_weak_record(fed, site)
+        spacing[site.name] = {}
         for split in SPLITS:
-            problems += _check_split(fed.root, fed.manifest, site, split)
-    return problems
+            problems += _check_split(fed.root, fed.manifest, site, split, spacing[site.name])
+    return problems + _check_spacing_everywhere(fed.root, spacing)
 
 
 def require_valid(
@@ -58,6 +69,46 @@ def require_valid(
             f"  {listing}"
         )
     return fed
+
+
+def _check_site_folders(fed: FederatedDataset) -> list[Problem]:
+    folder = fed.root / "sites"
+    found = {p.name for p in folder.iterdir() if p.is_dir()} if folder.is_dir() else set()
+    return [
+        Problem(
+            folder / name,
+            f"site folder not listed in {MANIFEST} (its sites: {fed.site_names}); add the "
+            "site to the manifest or remove the folder",
+        )
+        for name in sorted(found - set(fed.site_names))
+    ]
+
+
+def _check_spacing_everywhere(root: Path, spacing: dict[str, dict[str, bool]]) -> list[Problem]:
+    """Spacing makes HD95/ASSD physical: every sample of the federation carries it, or none
+    (else averages mix mm and pixels). The samples of the minority are named, per site."""
+    flags = [has for per_site in spacing.values() for has in per_site.values()]
+    n_with, n_without = sum(flags), len(flags) - sum(flags)
+    if not n_with or not n_without:
+        return []
+    odd = n_with < n_without
+    problems = []
+    for site, per_sample in spacing.items():
+        keys = [key for key, has in per_sample.items() if has == odd]
+        if keys:
+            what = (
+                f"carry 'spacing' but {n_without} samples of the federation do not"
+                if odd
+                else f"carry no 'spacing' but {n_with} samples of the federation do"
+            )
+            problems.append(
+                Problem(
+                    root / "sites" / site,
+                    f"{len(keys)} of {len(per_sample)} samples ({_ids(keys)}) {what}; give "
+                    "every sample spacing or none",
+                )
+            )
+    return problems
 
 
 def _check_site_sizes(root: Path, site: SiteInfo, batch_size: int | None) -> list[Problem]:
@@ -109,7 +160,10 @@ def _check_weak_record(fed: FederatedDataset, site: SiteInfo) -> list[Problem]:
     return problems
 
 
-def _check_split(root: Path, m: Manifest, site: SiteInfo, split: str) -> list[Problem]:
+def _check_split(
+    root: Path, m: Manifest, site: SiteInfo, split: str, spacing: dict[str, bool]
+) -> list[Problem]:
+    """Problems of one split; records in ``spacing`` whether each readable sample has it."""
     folder = sample_dir(root, site.name, split)
     ids = sample_ids(root, site.name, split)
     expected = site.splits[split]
@@ -121,7 +175,14 @@ def _check_split(root: Path, m: Manifest, site: SiteInfo, split: str) -> list[Pr
             Problem(folder, f"manifest says {expected} samples, found {len(ids)} .npz files")
         )
     for sid in ids:
-        problems += _check_sample(folder / f"{sid}.npz", m)
+        path = folder / f"{sid}.npz"
+        try:
+            arrays = read_npz(path)
+        except DataError as e:
+            problems.append(_problem(path, e))
+            continue
+        problems += [Problem(path, p) for p in sample_problems(arrays, m)]
+        spacing[f"{split}/{sid}"] = "spacing" in arrays
     weak_dir = folder / "weak"
     if weak_dir.is_dir():
         weak_ids = {p.stem for p in weak_dir.glob("*.npy")}
@@ -133,58 +194,19 @@ def _check_split(root: Path, m: Manifest, site: SiteInfo, split: str) -> list[Pr
     return problems
 
 
-def _check_sample(path: Path, m: Manifest) -> list[Problem]:
-    try:
-        with np.load(path) as z:
-            keys = set(z.files)
-            if not {"image", "mask"} <= keys:
-                return [Problem(path, f"needs arrays 'image' and 'mask', has {sorted(keys)}")]
-            image, mask = z["image"], z["mask"]
-            spacing = z["spacing"] if "spacing" in keys else None
-    except (OSError, ValueError) as e:
-        return [Problem(path, f"cannot be read ({e})")]
-    problems = []
-    want = (m.channels, *m.spatial_shape)
-    if image.shape != want:
-        problems.append(Problem(path, f"image shape must be {want}, got {image.shape}"))
-    if mask.shape != tuple(m.spatial_shape):
-        problems.append(Problem(path, f"mask shape must be {m.spatial_shape}, got {mask.shape}"))
-    if image.shape[1:] != mask.shape:
-        problems.append(
-            Problem(path, f"image {image.shape[1:]} and mask {mask.shape} shapes differ")
-        )
-    bad = sorted(set(np.unique(mask).tolist()) - set(range(m.num_classes)))
-    if bad:
-        problems.append(
-            Problem(path, f"mask values must be in 0..{m.num_classes - 1}, got {bad[:10]}")
-        )
-    if not np.isfinite(image).all():
-        count = int((~np.isfinite(image)).sum())
-        problems.append(Problem(path, f"image holds {count} non-finite pixels"))
-    if spacing is not None and (spacing.shape != (m.ndim,) or not (spacing > 0).all()):
-        problems.append(
-            Problem(path, f"spacing must be {m.ndim} positive values, got {spacing.tolist()}")
-        )
-    return problems
-
-
 def _check_weak_file(path: Path, m: Manifest) -> list[Problem]:
     try:
-        weak = np.load(path)
-    except (OSError, ValueError) as e:
-        return [Problem(path, f"cannot be read ({e})")]
-    if weak.shape != tuple(m.spatial_shape):
-        return [Problem(path, f"weak label shape must be {m.spatial_shape}, got {weak.shape}")]
-    bad = sorted(set(np.unique(weak).tolist()) - {*range(m.num_classes), m.ignore_index})
-    if bad:
-        return [
-            Problem(
-                path,
-                f"weak label values must be classes 0..{m.num_classes - 1} or "
-                f"{m.ignore_index}, got {bad[:10]}",
-            )
-        ]
-    return []
+        weak = read_npy(path)
+    except DataError as e:
+        return [_problem(path, e)]
+    shape = tuple(m.spatial_shape)
+    found = label_problems(weak, shape, m.num_classes, "weak label", m.ignore_index)
+    return [Problem(path, p) for p in found]
+
+
+def _problem(path: Path, e: DataError) -> Problem:
+    """A reader's DataError as a Problem (its reason starts with the path)."""
+    return Problem(path, e.reason.removeprefix(f"{path}: "))
 
 
 def _ids(ids: list[str], limit: int = 5) -> str:

@@ -100,7 +100,7 @@ def _sizes(text: str, n: int, what: str) -> tuple[int, ...]:
 @app.command()
 def synth(
     task: Annotated[
-        str, typer.Option(help="Registered task, e.g. fundus, polyp, prostate, faz, brain.")
+        str, typer.Option(help="Registered task, e.g. fundus, polyp, prostate, faz, brain, nuclei.")
     ],
     out: Annotated[Path, typer.Option(help="Output federation folder.")],
     sites: Annotated[int | None, typer.Option(help="Number of sites (default: task's).")] = None,
@@ -112,6 +112,13 @@ def synth(
         bool, typer.Option(help="Also generate the sites' default weak labels.")
     ] = True,
     overwrite: Overwrite = False,
+    site_weights: Annotated[
+        str | None,
+        typer.Option(help="Relative site sizes, e.g. a paper's counts 97,200,462,50."),
+    ] = None,
+    names: Annotated[
+        str, typer.Option(help="Site names: letters (A, B, ...) or paper (e.g. RUNMC, BMC).")
+    ] = "letters",
 ) -> None:
     """Write a synthetic multi-site federation (procedural phantoms or template-derived)."""
     from fedseg.data.synth import synthesize
@@ -122,6 +129,12 @@ def synth(
             fractions = [float(v) for v in split.split(",")]
         except ValueError:
             raise DataError(f"--split must be three comma-separated numbers, got {split}") from None
+        try:
+            weights = None if site_weights is None else [float(v) for v in site_weights.split(",")]
+        except ValueError:
+            raise DataError(
+                f"--site-weights must be comma-separated numbers, got {site_weights}"
+            ) from None
         with _progress(f"synthesizing {task}") as progress:
             m = synthesize(
                 task,
@@ -133,6 +146,8 @@ def synth(
                 split=fractions,
                 overwrite=overwrite,
                 progress=progress,
+                site_weights=weights,
+                names=names,  # type: ignore[arg-type]  # checked by synthesize
             )
         if weak_labels:
             with _progress("weak labels") as progress:
@@ -167,7 +182,7 @@ def check(
     ] = None,
     labels: Annotated[str, typer.Option(help="'full', or 'weak' to require weak labels.")] = "full",
 ) -> None:
-    """List every problem of a federation folder; exit status 1 if there is any."""
+    """List every problem of a federation folder, one line each; exit status 1 if any."""
     from fedseg.data.federation import FederatedDataset
 
     with handled():
@@ -178,10 +193,9 @@ def check(
     if not problems:
         console.print(f"[green]ok[/]: {root} ({len(fed.site_names)} sites) has no problems")
         return
-    table = Table("path", "problem", title=f"{len(problems)} problem(s) in {root}")
-    for p in problems:
-        table.add_row(str(p.path), p.message)
-    console.print(table)
+    console.print(f"[bold red]{len(problems)} problem(s)[/] in {root}:", highlight=False)
+    for p in problems:  # one unwrapped line each, so paths stay whole and greppable
+        console.print(f"  {p}", markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(1)
 
 

@@ -16,15 +16,27 @@ if TYPE_CHECKING:
     from fedseg.data.checks import Problem
 
 __all__ = [
+    "MAX_ABS_INTENSITY",
     "WEAK_HINT",
     "FederatedDataset",
     "SiteSplit",
+    "image_problems",
+    "label_problems",
+    "read_npy",
+    "read_npz",
     "sample_dir",
     "sample_ids",
+    "sample_problems",
+    "spacing_problems",
+    "unreadable",
     "weak_path",
 ]
 
 WEAK_HINT = "run `fedseg data weak-labels DIR` to generate them"
+MAX_ABS_INTENSITY = 1e3
+"""Largest absolute image value accepted. Images hold normalised intensities (the importers
+and synthetic tasks write [0, 1]); anything larger is raw scanner data or garbage."""
+SAMPLE_KEYS = ("image", "mask", "spacing")
 
 
 def sample_dir(root: Path, site: str, split: str) -> Path:
@@ -41,6 +53,124 @@ def sample_ids(root: Path, site: str, split: str) -> list[str]:
     """Sorted sample ids (``<id>.npz`` stems) of a split; [] when the folder is missing."""
     folder = sample_dir(root, site, split)
     return sorted(p.stem for p in folder.glob("*.npz")) if folder.is_dir() else []
+
+
+def read_npz(path: Path) -> dict[str, np.ndarray]:
+    """The ``image``, ``mask`` and (when present) ``spacing`` arrays of the sample ``path``.
+
+    Raises:
+        DataError: naming the file when it is empty, damaged, truncated, no ``.npz`` archive
+            or lacks ``image`` or ``mask``.
+    """
+    try:
+        z = np.load(path)
+        if isinstance(z, np.lib.npyio.NpzFile):
+            with z:
+                keys = z.files
+                arrays = {k: z[k] for k in SAMPLE_KEYS if k in keys}
+        else:
+            keys = None
+    except Exception as e:  # every way a damaged file fails to parse is that file's problem
+        raise DataError(unreadable(path, e, "an .npz sample")) from None
+    if keys is None:
+        raise DataError(f"{path}: holds one .npy array; expected an .npz of 'image' and 'mask'")
+    if "image" not in arrays or "mask" not in arrays:
+        raise DataError(f"{path}: needs arrays 'image' and 'mask', has {sorted(keys)}")
+    return arrays
+
+
+def read_npy(path: Path) -> np.ndarray:
+    """The array of the ``.npy`` file ``path`` (a weak label).
+
+    Raises:
+        DataError: naming the file when it is empty, damaged, truncated or no ``.npy`` array.
+    """
+    try:
+        array = np.load(path)
+    except Exception as e:  # every way a damaged file fails to parse is that file's problem
+        raise DataError(unreadable(path, e, "a .npy array")) from None
+    if not isinstance(array, np.ndarray):
+        array.close()
+        raise DataError(f"{path}: is an .npz archive; expected a single .npy array")
+    return array
+
+
+def unreadable(path: Path, e: Exception, what: str) -> str:
+    """One line saying that ``path`` cannot be read as ``what`` and why (``e``, shortened)."""
+    if path.is_file() and path.stat().st_size == 0:
+        detail = "empty file: 0 bytes"
+    else:
+        detail = " ".join(f"{type(e).__name__}: {e}".split())[:160]
+    return f"{path}: damaged or unreadable as {what} ({detail})"
+
+
+def image_problems(image: np.ndarray, shape: tuple[int, ...]) -> list[str]:
+    """What breaks the image contract: float32, ``shape`` (channels, *spatial), finite values
+    within +-``MAX_ABS_INTENSITY``; [] when the image is valid."""
+    if image.dtype != np.float32:
+        return [f"image dtype must be float32 (normalised intensities), got {image.dtype}"]
+    if image.shape != shape:
+        if image.shape[1:] == shape[1:]:
+            return [f"image has {image.shape[0]} channels, the manifest says channels={shape[0]}"]
+        return [f"image shape must be {shape} (channels, *spatial_shape), got {image.shape}"]
+    lo, hi = float(image.min()), float(image.max())
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        count = int(np.count_nonzero(~np.isfinite(image)))
+        return [f"image holds {count} non-finite values (NaN or inf); values must be finite"]
+    if max(-lo, hi) > MAX_ABS_INTENSITY:
+        return [
+            f"image values must lie in [-{MAX_ABS_INTENSITY:g}, {MAX_ABS_INTENSITY:g}] "
+            f"(normalised intensities, [0, 1] by convention), got [{lo:.4g}, {hi:.4g}]"
+        ]
+    return []
+
+
+def label_problems(
+    label: np.ndarray,
+    shape: tuple[int, ...],
+    num_classes: int,
+    what: str = "mask",
+    unlabeled: int | None = None,
+) -> list[str]:
+    """What breaks the label contract: an integer dtype, ``shape`` and values that are classes
+    (or ``unlabeled``, for weak labels); [] when the label map is valid."""
+    if not np.issubdtype(label.dtype, np.integer):
+        return [f"{what} dtype must be an integer type (uint8), got {label.dtype}"]
+    if label.shape != shape:
+        return [f"{what} shape must be {shape}, got {label.shape}"]
+    bad = (label < 0) | (label >= num_classes)
+    if unlabeled is not None:
+        bad &= label != unlabeled
+    if not bad.any():
+        return []
+    allowed = f"classes 0..{num_classes - 1}"
+    if unlabeled is not None:
+        allowed += f" or {unlabeled} (unlabeled)"
+    return [f"{what} values must be {allowed}, got {np.unique(label[bad])[:10].tolist()}"]
+
+
+def spacing_problems(spacing: np.ndarray, ndim: int) -> list[str]:
+    """What breaks the spacing contract: ``ndim`` finite positive numbers."""
+    if (
+        spacing.dtype.kind in "iuf"
+        and spacing.shape == (ndim,)
+        and np.isfinite(spacing).all()
+        and (spacing > 0).all()
+    ):
+        return []
+    got = spacing.tolist() if spacing.size <= 8 else f"{spacing.dtype} array {spacing.shape}"
+    return [f"spacing must be {ndim} finite positive numbers (one per axis), got {got}"]
+
+
+def sample_problems(arrays: dict[str, np.ndarray], m: Manifest) -> list[str]:
+    """Every way the arrays of one sample (from :func:`read_npz`) break the on-disk contract
+    of docs/data.md; [] when the sample is valid."""
+    shape = tuple(m.spatial_shape)
+    problems = image_problems(arrays["image"], (m.channels, *shape))
+    problems += label_problems(arrays["mask"], shape, m.num_classes)
+    if "spacing" in arrays:
+        problems += spacing_problems(arrays["spacing"], m.ndim)
+    return problems
 
 
 @dataclass(frozen=True)
@@ -130,7 +260,7 @@ class FederatedDataset:
             labels=labels_t,
             masks=masks_t,
             ids=ids,
-            spacing=_merge_spacing(spacing, folder),
+            spacing=_merge_spacing(spacing, ids, folder),
         )
 
     def _split(self, site: str, split: str) -> SiteInfo:
@@ -139,21 +269,12 @@ class FederatedDataset:
         return self.manifest.site(site)
 
     def _read_sample(self, path: Path) -> tuple[np.ndarray, np.ndarray, tuple[float, ...] | None]:
-        m = self.manifest
-        try:
-            with np.load(path) as z:
-                image, mask = z["image"], z["mask"]
-                spacing = tuple(float(s) for s in z["spacing"]) if "spacing" in z else None
-        except (OSError, KeyError, ValueError) as e:
-            raise DataError(f"{path}: cannot read sample ({e})") from None
-        if image.shape != (m.channels, *m.spatial_shape):
-            raise DataError(
-                f"{path}: image shape must be {(m.channels, *m.spatial_shape)} "
-                f"(channels, *spatial_shape from the manifest), got {image.shape}"
-            )
-        if mask.shape != tuple(m.spatial_shape):
-            raise DataError(f"{path}: mask shape must be {m.spatial_shape}, got {mask.shape}")
-        return image, mask, spacing
+        arrays = read_npz(path)
+        problems = sample_problems(arrays, self.manifest)
+        if problems:
+            raise DataError(f"{path}: {'; '.join(problems)}")
+        spacing = tuple(float(s) for s in arrays["spacing"]) if "spacing" in arrays else None
+        return arrays["image"], arrays["mask"], spacing
 
     def _read_weak(self, info: SiteInfo, split: str, ids: list[str]) -> np.ndarray:
         record = self.manifest.weak_labels
@@ -165,24 +286,32 @@ class FederatedDataset:
                 f"{self.root}: site {info.name!r} weak labels were made for {made_for!r} but the "
                 f"manifest annotation is {info.annotation!r}; {WEAK_HINT}"
             )
-        out = np.empty((len(ids), *self.manifest.spatial_shape), np.uint8)
+        m = self.manifest
+        out = np.empty((len(ids), *m.spatial_shape), np.uint8)
         for i, sid in enumerate(ids):
             path = weak_path(self.root, info.name, split, sid)
             if not path.is_file():
                 raise DataError(f"{path}: weak label missing; {WEAK_HINT}")
-            weak = np.load(path)
-            if weak.shape != out.shape[1:]:
-                raise DataError(f"{path}: shape must be {out.shape[1:]}, got {weak.shape}")
+            weak = read_npy(path)
+            problems = label_problems(
+                weak, out.shape[1:], m.num_classes, "weak label", m.ignore_index
+            )
+            if problems:
+                raise DataError(f"{path}: {problems[0]}")
             out[i] = weak
         return out
 
 
 def _merge_spacing(
-    spacing: list[tuple[float, ...] | None], folder: Path
+    spacing: list[tuple[float, ...] | None], ids: list[str], folder: Path
 ) -> list[tuple[float, ...]] | None:
     known = [s for s in spacing if s is not None]
     if not known:
         return None
     if len(known) != len(spacing):
-        raise DataError(f"{folder}: some samples carry 'spacing' and others do not")
+        lacking = [i for i, s in zip(ids, spacing, strict=True) if s is None]
+        raise DataError(
+            f"{folder}: {len(known)} of {len(ids)} samples carry 'spacing', {lacking[:5]} do "
+            "not; give every sample spacing or none"
+        )
     return known

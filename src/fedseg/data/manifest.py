@@ -191,13 +191,18 @@ def read_manifest(root: Path) -> Manifest:
     """Read and validate ``root/manifest.json``; DataError names the file and each bad field."""
     path = Path(root) / MANIFEST
     if not path.is_file():
+        what = "is not a file" if path.exists() else "does not exist"
         raise DataError(
-            f"{path} does not exist; create a federation with `fedseg data synth` or an importer"
+            f"{path} {what}; create a federation with `fedseg data synth` or an importer"
         )
     try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path}: not valid JSON ({e})") from None
+        text = path.read_bytes()
+        raw = json.loads(text.decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        why = "the file is empty" if not text.strip() else str(e)
+        raise DataError(f"{path}: not valid JSON ({why})") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot be read ({e.strerror or e})") from None
     return validate_manifest(raw, str(path))
 
 

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import secrets
 import shutil
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
+from types import TracebackType
 
 import numpy as np
 
-from fedseg.data.federation import sample_dir, weak_path
+from fedseg.data.federation import label_problems, sample_dir, sample_problems, weak_path
 from fedseg.data.manifest import (
-    IGNORE_INDEX,
     MANIFEST,
     SPLITS,
     Annotation,
@@ -24,32 +27,38 @@ from fedseg.data.manifest import (
 )
 from fedseg.errors import DataError
 
-__all__ = ["FederationWriter", "prepare_output"]
+__all__ = ["FederationWriter", "check_output"]
+
+_CONTENT = ("sites", MANIFEST)
+"""What a federation folder consists of (anything else in it, e.g. previews, is kept)."""
 
 
-def prepare_output(root: Path, overwrite: bool) -> None:
-    """Make ``root`` an empty folder; with ``overwrite`` clear an existing federation in it.
+def check_output(root: Path, overwrite: bool) -> None:
+    """Refuse to write a federation into ``root`` unless it is missing or empty, or it holds a
+    federation and ``overwrite`` is set.
 
     Raises:
-        DataError: ``root`` is not empty and ``overwrite`` is false, or it is not a federation
-            (no manifest.json), which is never cleared.
+        DataError: ``root`` is a file, or not empty without ``overwrite``, or not empty and no
+            federation (no manifest.json), which is never replaced.
     """
     root = Path(root)
-    if root.exists() and any(root.iterdir()):
+    if root.exists() and not root.is_dir():
+        raise DataError(f"{root} is a file; choose a folder for the federation")
+    if root.is_dir() and any(root.iterdir()):
         if not overwrite:
             raise DataError(f"{root} is not empty; choose a new folder or pass --overwrite")
         if not (root / MANIFEST).is_file():
             raise DataError(f"refusing to clear {root}: it holds no {MANIFEST} (not a federation)")
-        shutil.rmtree(root / "sites", ignore_errors=True)
-        (root / MANIFEST).unlink()
-    root.mkdir(parents=True, exist_ok=True)
 
 
 class FederationWriter:
     """Writes samples as ``sites/<site>/<split>/<id>.npz`` and finally the manifest.
 
-    Every sample is checked against the task (channels, shape, class values) as it is added,
-    and the error names ``origin`` (the source file) when given.
+    Every sample is checked against the on-disk contract (docs/data.md) as it is added, and the
+    error names ``origin`` (the source file) when given. Everything is written into a hidden
+    sibling folder that :meth:`finish` moves into ``root``, so a failed import leaves ``root``
+    untouched (an existing federation is replaced only then). Use the writer as a context
+    manager to remove the sibling as soon as writing fails (it is removed at exit anyway).
     """
 
     def __init__(
@@ -66,8 +75,9 @@ class FederationWriter:
         source: str = "",
         overwrite: bool = False,
     ) -> None:
-        prepare_output(root, overwrite)
         self.root = Path(root)
+        self.overwrite = overwrite
+        check_output(self.root, overwrite)
         self.meta = {
             "task": task,
             "class_names": list(class_names),
@@ -79,9 +89,31 @@ class FederationWriter:
             "regions": regions or {},
             "source": source,
         }
-        self.num_classes = len(class_names)
         self.counts: dict[str, dict[str, int]] = {}
-        validate_manifest({**self.meta, "sites": [{"name": "probe"}]}, "federation settings")
+        self.task = validate_manifest(
+            {**self.meta, "sites": [{"name": "probe"}]}, "federation settings"
+        )
+        """The settings as a one-site manifest, to check samples against."""
+        self.root.parent.mkdir(parents=True, exist_ok=True)
+        self.staging = self.root.parent / f".{self.root.name}.partial-{secrets.token_hex(4)}"
+        self.staging.mkdir()
+        self._discard = weakref.finalize(self, shutil.rmtree, self.staging, ignore_errors=True)
+
+    def __enter__(self) -> FederationWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is not None:
+            self.discard()
+
+    def discard(self) -> None:
+        """Remove everything written so far (``root`` is left as it was)."""
+        self._discard()
 
     def add(
         self,
@@ -95,28 +127,29 @@ class FederationWriter:
         weak: np.ndarray | None = None,
         origin: str = "",
     ) -> None:
-        """Validate and write one sample (and optionally its weak label)."""
+        """Validate and write one sample (and optionally its weak label).
+
+        ``image`` may be any real dtype (it is stored as float32), ``mask`` any dtype holding
+        whole numbers (stored as uint8).
+        """
         where = origin or f"{site}/{split}/{sample_id}"
-        shape = self.meta["spatial_shape"]
         if split not in SPLITS:
             raise DataError(f"{where}: split must be one of {list(SPLITS)}, got {split!r}")
-        if image.shape != (self.meta["channels"], *shape):
-            raise DataError(
-                f"{where}: image shape must be {(self.meta['channels'], *shape)}, got {image.shape}"
-            )
-        if mask.shape != shape:
-            raise DataError(f"{where}: mask shape must be {shape}, got {mask.shape}")
-        if not np.isfinite(image).all():
-            raise DataError(f"{where}: image holds non-finite values")
-        _check_values(where, "mask", mask, set(range(self.num_classes)))
-        arrays = {"image": image.astype(np.float32), "mask": mask.astype(np.uint8)}
+        if image.dtype.kind not in "fiu":
+            raise DataError(f"{where}: image must hold real numbers, got dtype {image.dtype}")
+        arrays = {
+            "image": image.astype(np.float32),
+            "mask": _whole(where, "mask", mask),
+        }
         if spacing is not None:
-            if len(spacing) != len(shape):
-                raise DataError(f"{where}: spacing needs {len(shape)} values, got {spacing}")
             arrays["spacing"] = np.asarray(spacing, np.float64)
-        folder = sample_dir(self.root, site, split)
-        folder.mkdir(parents=True, exist_ok=True)
-        np.savez(folder / f"{sample_id}.npz", **arrays)
+        self._require(where, sample_problems(arrays, self.task))
+        arrays["mask"] = arrays["mask"].astype(np.uint8)
+        path = sample_dir(self.staging, site, split) / f"{sample_id}.npz"
+        if path.exists():
+            raise DataError(f"{where}: sample id {sample_id!r} occurs twice in {site}/{split}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(path, **arrays)
         if weak is not None:
             self.add_weak(site, split, sample_id, weak, origin=where)
         per_site = self.counts.setdefault(site, dict.fromkeys(SPLITS, 0))
@@ -125,16 +158,22 @@ class FederationWriter:
     def add_weak(
         self, site: str, split: str, sample_id: str, weak: np.ndarray, *, origin: str = ""
     ) -> None:
-        """Write one weak label (class indices, ``IGNORE_INDEX`` = unlabeled)."""
+        """Write one weak label (class indices, ``ignore_index`` 255 = unlabeled)."""
         where = origin or f"{site}/{split}/{sample_id}"
-        if weak.shape != self.meta["spatial_shape"]:
-            raise DataError(
-                f"{where}: weak label shape must be {self.meta['spatial_shape']}, got {weak.shape}"
-            )
-        _check_values(where, "weak label", weak, {*range(self.num_classes), IGNORE_INDEX})
-        path = weak_path(self.root, site, split, sample_id)
+        label = _whole(where, "weak label", weak)
+        m = self.task
+        self._require(
+            where,
+            label_problems(label, m.spatial_shape, m.num_classes, "weak label", m.ignore_index),
+        )
+        path = weak_path(self.staging, site, split, sample_id)
         path.parent.mkdir(parents=True, exist_ok=True)
-        np.save(path, weak.astype(np.uint8))
+        np.save(path, label.astype(np.uint8))
+
+    @staticmethod
+    def _require(where: str, problems: list[str]) -> None:
+        if problems:
+            raise DataError(f"{where}: {'; '.join(problems)}")
 
     def finish(
         self, annotations: dict[str, Annotation], *, weak_origin: str | None = None
@@ -160,11 +199,32 @@ class FederationWriter:
             weak = WeakLabelRecord(origin=weak_origin, annotations=dict(annotations))
         raw = {**self.meta, "sites": sites, "weak_labels": weak}
         manifest = validate_manifest(raw, str(self.root / MANIFEST))
-        write_manifest(self.root, manifest)
+        write_manifest(self.staging, manifest)
+        self._commit()
         return manifest
 
+    def _commit(self) -> None:
+        """Move the written federation into ``root``, replacing the one there if allowed."""
+        check_output(self.root, self.overwrite)  # it may have changed while writing
+        if not self.root.is_dir() or not any(self.root.iterdir()):
+            os.replace(self.staging, self.root)
+            self._discard.detach()
+            return
+        old = self.root.parent / f".{self.root.name}.old-{secrets.token_hex(4)}"
+        old.mkdir()
+        for name in _CONTENT:
+            if (self.root / name).exists():
+                os.replace(self.root / name, old / name)
+        for name in _CONTENT:
+            os.replace(self.staging / name, self.root / name)
+        shutil.rmtree(old)
+        self.discard()
 
-def _check_values(where: str, what: str, array: np.ndarray, allowed: set[int]) -> None:
-    bad = sorted(set(np.unique(array).tolist()) - allowed)
-    if bad:
-        raise DataError(f"{where}: {what} values must be in {sorted(allowed)}, got {bad[:10]}")
+
+def _whole(where: str, what: str, label: np.ndarray) -> np.ndarray:
+    """``label`` as int64; DataError unless it holds whole numbers."""
+    if label.dtype.kind in "biu":
+        return label.astype(np.int64)
+    if label.dtype.kind == "f" and np.isfinite(label).all() and (label == np.rint(label)).all():
+        return label.astype(np.int64)
+    raise DataError(f"{where}: {what} must hold whole class numbers, got dtype {label.dtype}")

@@ -1,14 +1,11 @@
-"""``results.json`` and the per-site Markdown table of a run."""
+"""The per-site Markdown table of a run (``results.md``) from its ``results.json``."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from fedseg.config import RunConfig
-from fedseg.metrics import mean_over_sites
-
-__all__ = ["METRIC_LABELS", "build_results", "fmt", "site_table"]
+__all__ = ["METRIC_LABELS", "fmt", "site_table"]
 
 METRIC_LABELS = {
     "dsc": "DSC",
@@ -18,33 +15,6 @@ METRIC_LABELS = {
     "precision": "Precision",
     "recall": "Recall",
 }
-
-
-def build_results(
-    cfg: RunConfig,
-    per_site: dict[str, dict[str, Any]],
-    *,
-    params: dict[str, int],
-    timing: dict[str, Any],
-    empty_policy: Any,
-) -> dict[str, Any]:
-    """Assemble ``results.json``: per-site metrics, their unweighted and test-count-weighted
-    means, communication sizes and timing."""
-    sites = {s: v["metrics"] for s, v in per_site.items()}
-    cases = {s: v["cases"] for s, v in per_site.items()}
-    return {
-        "method": cfg.method_name,
-        "name": cfg.name,
-        "labels": cfg.data.labels,
-        "seed": cfg.seed,
-        "sites": sites,
-        "average": mean_over_sites(sites),
-        "weighted_average": mean_over_sites(sites, weights=cases),
-        "cases": cases,
-        "params": params,
-        "timing": timing,
-        "empty_policy": empty_policy,
-    }
 
 
 def fmt(value: float, metric: str) -> str:
@@ -75,8 +45,24 @@ def site_table(results: dict[str, Any], metrics: tuple[str, ...] | None = None) 
         "|" + "---|" * len(head),
         *("| " + " | ".join(r) + " |" for r in rows),
         "",
+        *_missing_note(results),
         "DSC, Jaccard, precision, recall in %; HD95 and ASSD in pixels (or mm with spacing).",
         f"Parameters: total {results['params']['total']:,}, upload {results['params']['upload']:,},"
         f" download {results['params']['download']:,} per client per round.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _missing_note(results: dict[str, Any]) -> list[str]:
+    """A warning line (and a blank line) when sites failed to evaluate: the averages then
+    cover only the sites in the table; [] when every site reported."""
+    missing = results.get("missing_sites") or {}
+    if not missing:
+        return []
+    listed = "; ".join(f"{site} ({reason})" for site, reason in missing.items())
+    n, total = len(results["sites"]), len(results["sites"]) + len(missing)
+    return [
+        f"**Missing sites: {len(missing)} of {total} did not report an evaluation: {listed}. "
+        f"The averages are over the {n} sites above only.**",
+        "",
+    ]

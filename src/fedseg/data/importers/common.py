@@ -65,13 +65,12 @@ def find_pairs(
             raise DataError(f"{folder}: expected sub-folders {images_dir}/ and {masks_dir}/")
         img_dir = mask_dir = folder
     files = [p for p in img_dir.iterdir() if _has_ext(p, extensions)]
-    masks = {stem(p): p for p in mask_dir.iterdir() if _has_ext(p, extensions)}
-    if mask_suffix:
-        if img_dir == mask_dir:
-            masks = {k: p for k, p in masks.items() if k.endswith(mask_suffix)}
-            files = [p for p in files if not stem(p).endswith(mask_suffix)]
-        masks = {k.removesuffix(mask_suffix): p for k, p in masks.items()}
-    images = {stem(p): p for p in files}
+    mask_files = [p for p in mask_dir.iterdir() if _has_ext(p, extensions)]
+    if mask_suffix and img_dir == mask_dir:
+        mask_files = [p for p in mask_files if stem(p).endswith(mask_suffix)]
+        files = [p for p in files if not stem(p).endswith(mask_suffix)]
+    images = _by_stem(files)
+    masks = {k.removesuffix(mask_suffix): p for k, p in _by_stem(mask_files).items()}
     if not images:
         raise DataError(f"{img_dir}: no image files with extensions {list(extensions)}")
     lonely = sorted(set(images) - set(masks), key=natural_key)
@@ -167,6 +166,16 @@ def site_annotations(
     if unknown:
         raise DataError(f"--annotation names unknown sites {unknown}; {src} has {list(sites)}")
     return {s: chosen.get(s, "full") for s in sites}
+
+
+def _by_stem(paths: list[Path]) -> dict[str, Path]:
+    """``{stem: path}``; DataError naming two files with one stem (``a.png`` and ``a.jpg``)."""
+    out: dict[str, Path] = {}
+    for p in sorted(paths):
+        twin = out.setdefault(stem(p), p)
+        if twin != p:
+            raise DataError(f"{twin} and {p} would give one sample id {stem(p)!r}; keep one")
+    return out
 
 
 def _has_ext(path: Path, extensions: Sequence[str]) -> bool:

@@ -90,7 +90,7 @@ def import_folder(
         )
         plan[site.name] = [(k, img, m, splits[k]) for k, (img, m) in pairs.items()]
     chosen = site_annotations(annotations, list(plan), src)
-    writer = FederationWriter(
+    with FederationWriter(
         Path(out),
         task=task,
         class_names=class_names,
@@ -101,20 +101,31 @@ def import_folder(
         regions=regions,
         source=f"imported from image/mask folders in {src}",
         overwrite=overwrite,
-    )
-    total, done = sum(len(v) for v in plan.values()), 0
-    for site, items in plan.items():
-        for key, img_path, mask_path, split in items:
-            image = resize_image(_read_image(img_path, channels), size)
-            mask = resize_mask(
-                map_levels(_read_mask(mask_path), dict(mapping), tolerance, str(mask_path)), size
-            )
-            sample_id = key.split("/")[-1]
-            writer.add(site, split, sample_id, image, mask, origin=str(img_path))
-            done += 1
-            if progress is not None:
-                progress(done, total)
-    return writer.finish(chosen)
+    ) as writer:
+        total, done = sum(len(v) for v in plan.values()), 0
+        for site, items in plan.items():
+            for key, img_path, mask_path, split in items:
+                image = _read_image(img_path, channels)
+                raw_mask = _read_mask(mask_path)
+                if image.shape[1:] != raw_mask.shape:
+                    raise DataError(
+                        f"{img_path} is {image.shape[2]}x{image.shape[1]} px but its mask "
+                        f"{mask_path} is {raw_mask.shape[1]}x{raw_mask.shape[0]} px; an image "
+                        "and its mask must have the same size"
+                    )
+                mask = map_levels(raw_mask, dict(mapping), tolerance, str(mask_path))
+                writer.add(
+                    site,
+                    split,
+                    key.split("/")[-1],
+                    resize_image(image, size),
+                    resize_mask(mask, size),
+                    origin=str(img_path),
+                )
+                done += 1
+                if progress is not None:
+                    progress(done, total)
+        return writer.finish(chosen)
 
 
 def _read_image(path: Path, channels: int) -> np.ndarray:

@@ -13,6 +13,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from fedseg.data.federation import unreadable
 from fedseg.data.importers.common import assign_splits, natural_key, site_dirs
 from fedseg.data.manifest import (
     IGNORE_INDEX,
@@ -84,7 +85,7 @@ def import_h5(
     files = {s.name: _site_files(s) for s in sites}
     total = sum(len(f) for f in files.values())
     first = _read(files[names[0]][0], None, len(class_names))[0]
-    writer = FederationWriter(
+    with FederationWriter(
         Path(out),
         task=task,
         class_names=class_names,
@@ -94,24 +95,24 @@ def import_h5(
         box_conversion=box_conversion,
         source=f"imported from FedLPPA-style h5 files in {src}",
         overwrite=overwrite,
-    )
-    done = 0
-    for site in sites:
-        site_files = files[site.name]
-        given = {str(p.relative_to(site)): p.parent.name for p in site_files}
-        splits = assign_splits(
-            list(given), test_fraction=0, val_fraction=val_fraction, seed=seed, given=given
-        )
-        for p in site_files:
-            split = splits[str(p.relative_to(site))]
-            key = keys[site.name] if split != "test" else None
-            image, mask, weak = _read(p, key, len(class_names))
-            writer.add(site.name, split, p.stem, image, mask, weak=weak, origin=str(p))
-            done += 1
-            if progress is not None:
-                progress(done, total)
-    weak_sites = any(keys.values())
-    return writer.finish(chosen, weak_origin="imported:h5" if weak_sites else None)
+    ) as writer:
+        done = 0
+        for site in sites:
+            site_files = files[site.name]
+            given = {str(p.relative_to(site)): p.parent.name for p in site_files}
+            splits = assign_splits(
+                list(given), test_fraction=0, val_fraction=val_fraction, seed=seed, given=given
+            )
+            for p in site_files:
+                split = splits[str(p.relative_to(site))]
+                key = keys[site.name] if split != "test" else None
+                image, mask, weak = _read(p, key, len(class_names))
+                writer.add(site.name, split, p.stem, image, mask, weak=weak, origin=str(p))
+                done += 1
+                if progress is not None:
+                    progress(done, total)
+        weak_sites = any(keys.values())
+        return writer.finish(chosen, weak_origin="imported:h5" if weak_sites else None)
 
 
 def _site_files(site: Path) -> list[Path]:
@@ -130,13 +131,22 @@ def _site_files(site: Path) -> list[Path]:
 def _read(
     path: Path, weak_key: str | None, num_classes: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    with h5py.File(path, "r") as f:
-        missing = [k for k in ("image", "mask", weak_key) if k and k not in f]
-        if missing:
-            raise DataError(f"{path}: missing keys {missing}; it has {sorted(f.keys())}")
-        image = np.asarray(f["image"], np.float32)
-        mask = np.asarray(f["mask"])
-        weak = np.asarray(f[weak_key]) if weak_key else None
+    wanted = [k for k in ("image", "mask", weak_key) if k]
+    try:
+        with h5py.File(path, "r") as f:
+            keys = sorted(f.keys())
+            arrays = {k: np.asarray(f[k]) for k in wanted if k in keys}
+    except Exception as e:  # every way a damaged file fails to parse is that file's problem
+        raise DataError(unreadable(path, e, "an HDF5 file")) from None
+    missing = [k for k in wanted if k not in arrays]
+    if missing:
+        raise DataError(f"{path}: missing keys {missing}; it has {keys}")
+    image, mask, weak = arrays["image"], arrays["mask"], arrays.get(weak_key or "")
+    if image.dtype.kind != "f":
+        raise DataError(
+            f"{path}: image must be floating point with values in [0, 1] (the FedLPPA layout), "
+            f"got dtype {image.dtype}"
+        )
     if image.ndim == 2:
         image = image[None]
     if image.ndim != 3 or image.shape[0] not in (1, 3) or image.shape[1:] != mask.shape:

@@ -17,6 +17,7 @@ import nibabel as nib
 import numpy as np
 
 from fedseg.data.arrays import center_crop_or_pad, normalize_intensity, resize_image, resize_mask
+from fedseg.data.federation import unreadable
 from fedseg.data.importers.common import (
     assign_splits,
     find_pairs,
@@ -106,7 +107,7 @@ def import_nifti(
         )
         plan[site.name] = [(keys[k][1], *cases[keys[k]], splits[k]) for k in keys]
     chosen = site_annotations(annotations, list(plan), src)
-    writer = FederationWriter(
+    with FederationWriter(
         Path(out),
         task=task,
         class_names=class_names,
@@ -116,40 +117,43 @@ def import_nifti(
         box_conversion=box_conversion,
         source=f"imported from NIfTI volumes in {src}",
         overwrite=overwrite,
-    )
-    total, done, dropped = sum(len(v) for v in plan.values()), 0, 0
-    for site, items in plan.items():
-        for case, img_path, lab_path, split in items:
-            image, label, spacing = _read_case(img_path, lab_path, axis, mapping, len(class_names))
-            if ndim == 3:
-                samples = [(case, *_fit(image, label, spacing, shape, fit))]
-            else:
-                samples = [
-                    (f"{case}_{k:03d}", *_fit(image[k], label[k], spacing[1:], shape, "resize"))
-                    for k in range(len(image))
-                    if label[k].any() or not drop_empty
-                ]
-                dropped += len(image) - len(samples)
-            for sample_id, img, lab, sp in samples:
-                writer.add(site, split, sample_id, img[None], lab, spacing=sp, origin=str(img_path))
-            done += 1
-            if progress is not None:
-                progress(done, total)
-    manifest = writer.finish(chosen)
-    return NiftiImport(manifest, dropped)
+    ) as writer:
+        total, done, dropped = sum(len(v) for v in plan.values()), 0, 0
+        for site, items in plan.items():
+            for case, img_path, lab_path, split in items:
+                image, label, spacing = _read_case(
+                    img_path, lab_path, axis, mapping, len(class_names)
+                )
+                if ndim == 3:
+                    samples = [(case, *_fit(image, label, spacing, shape, fit))]
+                else:
+                    samples = [
+                        (f"{case}_{k:03d}", *_fit(image[k], label[k], spacing[1:], shape, "resize"))
+                        for k in range(len(image))
+                        if label[k].any() or not drop_empty
+                    ]
+                    dropped += len(image) - len(samples)
+                for sample_id, img, lab, sp in samples:
+                    writer.add(
+                        site, split, sample_id, img[None], lab, spacing=sp, origin=str(img_path)
+                    )
+                done += 1
+                if progress is not None:
+                    progress(done, total)
+        return NiftiImport(writer.finish(chosen), dropped)
 
 
 def _read_case(
     img_path: Path, lab_path: Path, axis: int, mapping: Mapping[int, int] | None, k: int
 ) -> tuple[np.ndarray, np.ndarray, tuple[float, ...]]:
     """Volume and label with ``axis`` first, RAS-oriented; spacing in the same axis order."""
-    img = nib.as_closest_canonical(nib.load(img_path))
-    lab = nib.as_closest_canonical(nib.load(lab_path))
-    if img.ndim != 3 or img.shape != lab.shape:
+    img, data = _load(img_path, "image")
+    _, raw = _load(lab_path, "label")
+    if data.shape != raw.shape:
         raise DataError(
-            f"{img_path}: need a 3D volume with the shape of its label {lab.shape}, got {img.shape}"
+            f"{img_path}: image volume {data.shape} and its label {lab_path} {raw.shape} "
+            "differ in shape"
         )
-    raw = np.asarray(lab.dataobj)
     label = np.rint(raw).astype(np.int64)
     if not np.array_equal(label, raw):
         raise DataError(f"{lab_path}: label values must be integers")
@@ -160,8 +164,21 @@ def _read_case(
         raise DataError(f"{lab_path}: label values must be classes 0..{k - 1}, got {bad[:10]}")
     zooms = [float(z) for z in img.header.get_zooms()[:3]]
     order = [axis] + [a for a in range(3) if a != axis]
-    image = normalize_intensity(np.transpose(img.get_fdata(dtype=np.float32), order))
+    image = normalize_intensity(np.transpose(data, order))
     return image, np.transpose(label, order).astype(np.uint8), tuple(zooms[a] for a in order)
+
+
+def _load(path: Path, what: str) -> tuple[nib.Nifti1Image, np.ndarray]:
+    """The RAS-oriented volume at ``path`` (trailing axes of size 1 dropped) and its data as
+    float32; DataError naming the file when it is damaged, truncated or not 3D."""
+    try:
+        volume = nib.squeeze_image(nib.load(path))
+        if volume.ndim == 3:
+            volume = nib.as_closest_canonical(volume)
+            return volume, volume.get_fdata(dtype=np.float32)
+    except Exception as e:  # every way a damaged file fails to parse is that file's problem
+        raise DataError(unreadable(path, e, "a NIfTI volume")) from None
+    raise DataError(f"{path}: {what} must be a 3D volume (x, y, z), got shape {volume.shape}")
 
 
 def _fit(
