@@ -48,37 +48,61 @@ TEST_CASE_BLOCKS = [
     _block((5, 5), slice(1, 3), slice(1, 4)),
     _block((5, 5), slice(1, 3), slice(1, 3)),
     None,
-    {"dsc": 0.8, "jaccard": 4 / 6, "precision": 4 / 6, "recall": 1.0, "hd95": 1.0, "assd": 0.2},
+    {
+        "dsc": 0.8,
+        "jaccard": 4 / 6,
+        "precision": 4 / 6,
+        "recall": 1.0,
+        "hd95": 1.0,
+        "assd": 0.2,
+        "hd": 1.0,
+    },
 ]
 TEST_CASE_BLOCKS_SPACING = [
     *TEST_CASE_BLOCKS[:2],
     (2.0, 0.5),
-    {**TEST_CASE_BLOCKS[3], "hd95": 0.5, "assd": 0.1},
+    {**TEST_CASE_BLOCKS[3], "hd95": 0.5, "assd": 0.1, "hd": 0.5},
 ]
 # single pixels at (0, 0) and (3, 4): every distance is 5 (sqrt(9 + 64) with spacing 1 x 2)
 TEST_CASE_POINTS = [
     _mask((5, 6), (3, 4)),
     _mask((5, 6), (0, 0)),
     None,
-    {"dsc": 0.0, "jaccard": 0.0, "precision": 0.0, "recall": 0.0, "hd95": 5.0, "assd": 5.0},
+    {
+        "dsc": 0.0,
+        "jaccard": 0.0,
+        "precision": 0.0,
+        "recall": 0.0,
+        "hd95": 5.0,
+        "assd": 5.0,
+        "hd": 5.0,
+    },
 ]
 TEST_CASE_POINTS_SPACING = [
     *TEST_CASE_POINTS[:2],
     (1.0, 2.0),
-    {**TEST_CASE_POINTS[3], "hd95": math.sqrt(73), "assd": math.sqrt(73)},
+    {**TEST_CASE_POINTS[3], "hd95": math.sqrt(73), "assd": math.sqrt(73), "hd": math.sqrt(73)},
 ]
 TEST_CASE_3D = [
     _mask((3, 3, 3), (1, 2, 2)),
     _mask((3, 3, 3), (0, 0, 0)),
     (2.0, 1.0, 1.0),
     {"dsc": 0.0, "jaccard": 0.0, "precision": 0.0, "recall": 0.0}
-    | {"hd95": math.sqrt(12), "assd": math.sqrt(12)},
+    | {"hd95": math.sqrt(12), "assd": math.sqrt(12), "hd": math.sqrt(12)},
 ]
 TEST_CASE_IDENTICAL = [
     _block((6, 6), slice(0, 4), slice(2, 6)),
     _block((6, 6), slice(0, 4), slice(2, 6)),
     None,
-    {"dsc": 1.0, "jaccard": 1.0, "precision": 1.0, "recall": 1.0, "hd95": 0.0, "assd": 0.0},
+    {
+        "dsc": 1.0,
+        "jaccard": 1.0,
+        "precision": 1.0,
+        "recall": 1.0,
+        "hd95": 0.0,
+        "assd": 0.0,
+        "hd": 0.0,
+    },
 ]
 # one pixel 3 columns right of a 3x3 block whose surface is its 8 outer pixels: the pooled
 # ASSD (9 distances) differs from the mean of the two directed means (medpy < 0.5.2)
@@ -89,7 +113,7 @@ TEST_CASE_ASYMMETRIC = [
     _block((7, 7), slice(0, 3), slice(0, 3)),
     None,
     {"dsc": 0.0, "jaccard": 0.0, "precision": 0.0, "recall": 0.0}
-    | {"hd95": math.sqrt(26), "assd": sum(_FAR) / 9},
+    | {"hd95": math.sqrt(26), "assd": sum(_FAR) / 9, "hd": math.sqrt(26)},
 ]
 
 
@@ -150,14 +174,14 @@ def test_empty_policy(case, pred, target, spacing, distance):
     for m in METRICS:
         rule = EMPTY_POLICY[case][m]
         assert got[m] == (distance if rule == "diagonal" else rule), m
-    assert got["hd95"] == distance and got["assd"] == distance
+    assert got["hd95"] == got["assd"] == got["hd"] == distance
 
 
 def test_policy_never_rewards_a_mismatch():
     for case in ("empty_prediction", "empty_target"):
         rule = EMPTY_POLICY[case]
         assert all(rule[m] == 0.0 for m in ("dsc", "jaccard", "precision", "recall"))
-        assert rule["hd95"] == rule["assd"] == "diagonal"
+        assert rule["hd95"] == rule["assd"] == rule["hd"] == "diagonal"
     json.dumps({"empty_policy": EMPTY_POLICY, "definitions": DEFINITIONS})
 
 
@@ -187,6 +211,7 @@ def _medpy(pred: np.ndarray, target: np.ndarray, spacing) -> dict[str, float]:
         "jaccard": mb.jc(pred, target),
         "precision": mb.precision(pred, target),
         "recall": mb.recall(pred, target),
+        "hd": mb.hd(pred, target, voxelspacing=spacing),
     }
 
 
@@ -251,12 +276,12 @@ def test_metric_subset():
 def test_swapping_inputs_swaps_precision_and_recall(pred, target):
     a, b = _one(pred.astype(int), target.astype(int)), _one(target.astype(int), pred.astype(int))
     assert a["precision"] == b["recall"] and a["recall"] == b["precision"]
-    for m in ("dsc", "jaccard", "hd95", "assd"):
+    for m in ("dsc", "jaccard", "hd95", "assd", "hd"):
         assert a[m] == pytest.approx(b[m]), m
     assert all(0.0 <= a[m] <= 1.0 for m in ("dsc", "jaccard", "precision", "recall"))
-    assert a["assd"] >= 0.0 and a["hd95"] >= 0.0
+    assert a["hd"] >= a["hd95"] >= 0.0 and a["hd"] >= a["assd"] >= 0.0
     if pred.any() and target.any():  # never as bad as a miss, which scores the diagonal
-        assert a["hd95"] < math.hypot(9, 11) and a["assd"] < math.hypot(9, 11)
+        assert a["hd"] < math.hypot(9, 11)
 
 
 def test_speed_64x64_three_classes():
@@ -287,7 +312,7 @@ _GOOD = np.zeros((4, 4), dtype=np.int64)
         ({"num_classes": 1}, "num_classes must be an int >= 2"),
         ({"spacing": (1.0,)}, "one value per axis"),
         ({"spacing": (1.0, -1.0)}, "positive finite"),
-        ({"metrics": ["hd"]}, "unknown metric 'hd'.*hd95"),
+        ({"metrics": ["hd99"]}, "unknown metric 'hd99'.*hd95"),
         ({"metrics": []}, "at least one"),
     ],
 )

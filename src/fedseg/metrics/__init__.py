@@ -7,7 +7,12 @@ and :data:`DEFINITIONS`, which reports record next to the numbers.
 """
 
 from fedseg.metrics._inputs import METRICS, MetricError
-from fedseg.metrics.cumulative import CaseRecord, MetricAccumulator, mean_over_sites
+from fedseg.metrics.cumulative import (
+    CaseRecord,
+    MetricAccumulator,
+    mean_over_regions,
+    mean_over_sites,
+)
 from fedseg.metrics.functional import (
     DEFINITIONS,
     EMPTY_POLICY,
@@ -24,6 +29,7 @@ __all__ = [
     "MetricAccumulator",
     "MetricError",
     "case_metrics",
+    "mean_over_regions",
     "mean_over_sites",
     "region_metrics",
     "surface_distances",

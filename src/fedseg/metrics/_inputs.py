@@ -25,7 +25,7 @@ __all__ = [
     "normalize_spacing",
 ]
 
-METRICS: tuple[str, ...] = ("dsc", "hd95", "assd", "jaccard", "precision", "recall")
+METRICS: tuple[str, ...] = ("dsc", "hd95", "assd", "jaccard", "precision", "recall", "hd")
 """Every metric fedseg computes, in report order."""
 
 LabelMap: TypeAlias = "np.ndarray | torch.Tensor"

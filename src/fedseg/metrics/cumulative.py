@@ -218,6 +218,34 @@ def mean_over_sites(
     }
 
 
+def mean_over_regions(
+    result: Mapping[str, Mapping[str, float]], regions: Sequence[str] | None = None
+) -> dict[str, float]:
+    """Average one result ``{metric: {region: value}}`` over regions: ``{metric: mean}``.
+
+    The virtual-class paper's mIoU is this mean of ``jaccard`` over the foreground regions
+    (fundus: disc and cup; polyp: the polyp), and its HD that of ``hd``. ``regions`` selects
+    regions (default: all); every metric must report them. NaN values propagate.
+
+    Raises
+    ------
+    MetricError
+        If there is no region or a metric lacks a selected region.
+    """
+    if not result:
+        raise MetricError("result must hold at least one metric, got none")
+    chosen = list(regions) if regions is not None else list(next(iter(result.values())))
+    if not chosen:
+        raise MetricError("regions must name at least one region, got none")
+    out = {}
+    for m, values in result.items():
+        missing = [r for r in chosen if r not in values]
+        if missing:
+            raise MetricError(f"metric {m!r} has no regions {missing}; it has {list(values)}")
+        out[m] = math.fsum(values[r] for r in chosen) / len(chosen)
+    return out
+
+
 def _check_weights(weights: Mapping[str, float], sites: Mapping[str, object]) -> dict[str, float]:
     missing, extra = sorted(set(sites) - set(weights)), sorted(set(weights) - set(sites))
     if missing or extra:
