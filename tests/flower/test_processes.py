@@ -100,6 +100,9 @@ def test_fedbn_over_tls_with_supernode_auth(federation: Path, tmp_path: Path):
         )  # fmt: skip
         assert out.exit_code == 0, out.output
     _all_stopped(fed)
+    assert (tmp_path / "run/results.json").exists(), (
+        out.output + (fed.log_dir / "superlink.log").read_text()
+    )
     res = json.loads((tmp_path / "run/results.json").read_text())
     superlink_log = (fed.log_dir / "superlink.log").read_text()
     assert "No SuperNode found with the given public key" in superlink_log  # the stranger

@@ -90,6 +90,10 @@ def config_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, 
     return {k: [a.get(k), b.get(k)] for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
 
 
+AUXILIARY = frozenset({"run.log", "site-data", "sites", "flower-logs"})
+"""What a launcher may put into a new run directory before the run starts (its log, the
+sites' data copies, state folders and process logs)."""
+
 _HELD: dict[Path, int] = {}
 """Run directories this process holds the lock of (path -> open lock file descriptor)."""
 
@@ -145,7 +149,7 @@ class RunDir:
         if not self.path.is_dir():
             raise ConfigError(f"--out {self.path} exists and is not a folder")
         entries = [p for p in self.path.iterdir() if p.name != self.lock_file.name]
-        if all(p.name == self.log.name for p in entries):  # a fresh run's log opens first
+        if all(p.name in AUXILIARY for p in entries):  # set up by a launcher for this run
             return
         if not overwrite:
             raise ConfigError(

@@ -77,6 +77,9 @@ def local(
     auth: Annotated[bool, typer.Option(help="SuperNode authentication (implies --tls).")] = False,
     split: Annotated[bool, typer.Option(help="Give each site only its own data folder.")] = False,
     threads: Annotated[int, typer.Option(help="Torch threads per site process (0: default).")] = 1,
+    overwrite: Annotated[
+        bool, typer.Option(help="Replace the finished or failed run already in --out.")
+    ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run CONFIG as a real federation on this machine: a SuperLink and one SuperNode per site
@@ -86,6 +89,7 @@ def local(
     from fedseg.engine.flower.settings import FlowerSettings, SiteConfig
     from fedseg.engine.flower.site_data import split_federation
     from fedseg.engine.prepare import prepare_data
+    from fedseg.engine.rundir import RunDir
 
     _logging(verbose)
     try:
@@ -93,6 +97,8 @@ def local(
         run_dir = (
             resume or out or Path("runs") / f"{cfg.name}-{datetime.now():%Y%m%d-%H%M%S}"
         ).resolve()
+        if resume is None:
+            RunDir(run_dir).prepare_new(overwrite)
         root = prepare_data(cfg)
         names = cfg.data.sites or FederatedDataset.open(root).site_names
         dirs = dict.fromkeys(names, root.resolve())
@@ -147,6 +153,9 @@ def server(
     round_timeout: RoundTimeout = 3600.0,
     join_timeout: JoinTimeout = 3600.0,
     retries: Retries = 2,
+    overwrite: Annotated[
+        bool, typer.Option(help="Replace the finished or failed run already in --out.")
+    ] = False,
 ) -> None:
     """Start CONFIG on a running SuperLink (the coordinator's command) and stream its log.
 
@@ -164,6 +173,7 @@ def server(
         settings = FlowerSettings(
             run_dir=run_dir,
             resume=resume is not None,
+            overwrite=overwrite,
             sites=tuple(s for s in (sites or "").split(",") if s),
             min_sites=min_sites,
             round_timeout=round_timeout,

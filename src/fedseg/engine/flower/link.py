@@ -175,4 +175,5 @@ def run_federation(
         poll_interval=settings.poll_interval,
     )
     link = FlowerLink(transport, cfg, settings)
-    return Federation(cfg, link, settings.run_dir, order, policy).run(resume=settings.resume)
+    fed = Federation(cfg, link, settings.run_dir, order, policy)
+    return fed.run(resume=settings.resume, overwrite=settings.overwrite)

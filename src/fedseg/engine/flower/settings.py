@@ -39,6 +39,8 @@ class FlowerSettings:
     """Run directory on the machine running the ServerApp (the SuperLink host)."""
     resume: bool = False
     """Continue the run in ``run_dir`` after its last checkpointed round."""
+    overwrite: bool = False
+    """Replace a finished or failed run already in ``run_dir``."""
     sites: tuple[str, ...] = ()
     """Site order (global indices); default ``data.sites`` of the config, else sorted names."""
     min_sites: int = 0
@@ -62,6 +64,7 @@ class FlowerSettings:
         return {
             "run-dir": str(Path(self.run_dir).resolve()),
             "resume": self.resume,
+            "overwrite": self.overwrite,
             "sites": ",".join(self.sites),
             "min-sites": self.min_sites,
             "round-timeout": float(self.round_timeout),
@@ -78,6 +81,7 @@ class FlowerSettings:
         s = cls(
             run_dir=Path(str(rc["run-dir"])),
             resume=bool(rc.get("resume", False)),
+            overwrite=bool(rc.get("overwrite", False)),
             sites=tuple(n for n in str(rc.get("sites", "")).split(",") if n),
             min_sites=int(rc.get("min-sites", 0)),
             round_timeout=float(rc.get("round-timeout", 3600.0)),
