@@ -191,3 +191,29 @@ def test_loss_errors(loss, logits, target, message):
 def test_soft_dice_rejects_single_class():
     with pytest.raises(ValueError, match="num_classes must be >= 2"):
         SoftDiceLoss(1)
+
+
+@pytest.mark.parametrize("batch", [True, False])
+@pytest.mark.parametrize("include_background", [True, False])
+@pytest.mark.parametrize("ndim", [2, 3])
+def test_soft_dice_equals_monai_dice_loss(batch, include_background, ndim):
+    from monai.losses.dice import DiceLoss
+
+    from fedseg.losses import soft_dice_loss
+
+    gen = torch.Generator().manual_seed(ndim)
+    shape = (3, 4, *(6,) * ndim)
+    probs = torch.softmax(torch.randn(shape, generator=gen), 1)
+    labels = torch.randint(0, 4, (3, *(6,) * ndim), generator=gen)
+    onehot = torch.nn.functional.one_hot(labels, 4).movedim(-1, 1).float()
+    ref = DiceLoss(
+        include_background=include_background, batch=batch, smooth_nr=1e-5, smooth_dr=1e-5
+    )
+    ours = soft_dice_loss(probs, onehot, include_background=include_background, batch=batch)
+    torch.testing.assert_close(ours, ref(probs, onehot), rtol=0, atol=1e-6)
+    z = torch.randn(2, 1, *(6,) * ndim, generator=gen)
+    y = (torch.rand(2, 1, *(6,) * ndim, generator=gen) > 0.5).float()
+    ref_sig = DiceLoss(sigmoid=True, batch=batch, smooth_nr=1e-5, smooth_dr=1e-5)
+    torch.testing.assert_close(
+        soft_dice_loss(torch.sigmoid(z), y, batch=batch), ref_sig(z, y), rtol=0, atol=1e-7
+    )
