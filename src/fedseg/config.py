@@ -10,6 +10,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PositiveFloat,
     PositiveInt,
     ValidationError,
     field_validator,
@@ -41,6 +42,10 @@ class SynthSettings(_Strict):
     sites: int | None = None
     size: int = 64
     per_site: int | None = None
+    site_weights: list[PositiveFloat] | None = None
+    """Relative site sizes (e.g. a paper's image counts); default: the task's imbalance."""
+    names: Literal["letters", "paper"] = "letters"
+    """Site names: A, B, ... or the simulated datasets' names (e.g. RUNMC, BMC, ...)."""
     weak_labels: bool = True
     """Also generate weak labels (with the task's default per-site annotation types)."""
 

@@ -9,7 +9,7 @@ import pytest
 
 from fedseg.data import FederatedDataset
 from fedseg.data.synth import SYNTH_TASKS, SynthTask, synthesize
-from fedseg.data.synth.base import site_sizes, site_style, split_sizes
+from fedseg.data.synth.base import letter_names, site_sizes, site_style, split_sizes
 from fedseg.errors import DataError, RegistryError
 
 PAPER_TABLE_I = {
@@ -47,7 +47,7 @@ def test_images_are_in_unit_range_and_every_class_appears() -> None:
             assert set(np.unique(masks).tolist()) == set(range(len(task.class_names)))
 
 
-@pytest.mark.parametrize("name", list(PAPER_TABLE_I))
+@pytest.mark.parametrize("name", [*PAPER_TABLE_I, "nuclei"])
 def test_sites_look_different_and_samples_vary(name: str) -> None:
     """Between-site spread of image statistics dwarfs the within-site spread, while object
     size and position vary from sample to sample."""
@@ -103,6 +103,43 @@ def test_extra_sites_cycle_annotations_and_get_new_styles(tmp_path: Path) -> Non
     assert site_style(styles, 5) != styles[1] and site_style(styles, 5) == site_style(styles, 5)
 
 
+def test_paper_proportions_and_names(tmp_path: Path) -> None:
+    """FedBCS's nuclei sites in its image-count proportions, named after the datasets."""
+    m = synthesize(
+        "nuclei", tmp_path / "n", size=32, per_site=20, site_weights=[97, 200, 462, 50],
+        names="paper",
+    )  # fmt: skip
+    assert m.site_names == ["TCIA", "CRC", "KIRC", "TNBC"]
+    totals = np.array([sum(s.splits.values()) for s in m.sites], float)
+    assert np.allclose(totals / totals.sum(), np.array([97, 200, 462, 50]) / 809, atol=0.02)
+    assert FederatedDataset.open(tmp_path / "n").check() == []
+    m = synthesize("prostate", tmp_path / "p", size=32, per_site=5, names="paper")
+    assert m.site_names == ["RUNMC", "BMC", "HCRUDB", "UCL", "BIDMC", "HK"]
+
+
+def test_more_than_26_sites_get_two_letter_names(tmp_path: Path) -> None:
+    assert letter_names(28)[24:] == ["Y", "Z", "AA", "AB"]
+    assert letter_names(26 * 27 + 1)[-1] == "AAA"
+    m = synthesize("faz", tmp_path / "f", sites=28, size=16, per_site=5)
+    assert m.site_names[-2:] == ["AA", "AB"] and len(set(m.site_names)) == 28
+
+
+def test_nuclei_tiles_hold_many_small_nuclei_in_stain_colours() -> None:
+    task = SYNTH_TASKS.get("nuclei")
+    images, masks = task.generate(0, 4, 64, np.random.default_rng(0))
+    from scipy import ndimage
+
+    counts = [ndimage.label(m)[1] for m in masks]
+    assert min(counts) >= 10  # many objects per tile, not one blob
+    assert max(ndimage.sum(m, ndimage.label(m)[0], range(1, c + 1)).max()
+               for m, c in zip(masks, counts, strict=True)) < 0.05 * 64 * 64  # fmt: skip
+    fg, bg = masks > 0, masks == 0
+    nuclei_rgb = images.transpose(1, 0, 2, 3)[:, fg].mean(1)
+    stroma_rgb = images.transpose(1, 0, 2, 3)[:, bg].mean(1)
+    assert nuclei_rgb.sum() < stroma_rgb.sum()  # hematoxylin is darker than eosin
+    assert nuclei_rgb[2] > nuclei_rgb[1] and stroma_rgb[0] > stroma_rgb[1]  # purple vs pink
+
+
 def test_site_sizes_and_splits() -> None:
     assert site_sizes((1, 1, 2), 40) == [30, 30, 60]
     assert site_sizes((1, 20), 4) == [5, 8]  # never below the minimum of 5
@@ -114,8 +151,14 @@ def test_site_sizes_and_splits() -> None:
 def test_errors(tmp_path: Path) -> None:
     with pytest.raises(RegistryError, match=r"unknown synthetic task 'fundos'.*fundus"):
         synthesize("fundos", tmp_path / "x")
-    with pytest.raises(DataError, match=r"--sites must be in 1..26"):
+    with pytest.raises(DataError, match=r"--sites must be in 1..10000"):
         synthesize("fundus", tmp_path / "x", sites=0)
+    with pytest.raises(DataError, match=r"--site-weights must be positive"):
+        synthesize("fundus", tmp_path / "x", site_weights=[1, 0])
+    with pytest.raises(DataError, match=r"--sites 3 disagrees with the 2 --site-weights"):
+        synthesize("fundus", tmp_path / "x", sites=3, site_weights=[1, 2])
+    with pytest.raises(DataError, match=r"--names paper: task 'prostate' names 6 sites"):
+        synthesize("prostate", tmp_path / "x", sites=7, names="paper")
     synthesize("fundus", tmp_path / "f", sites=1, size=16, per_site=5)
     with pytest.raises(DataError, match=r"not empty.*--overwrite"):
         synthesize("fundus", tmp_path / "f", sites=1, size=16, per_site=5)

@@ -33,7 +33,14 @@ def prepare_data(cfg: RunConfig) -> Path:
 
         log.info("synthesizing %s federation into %s", syn.task, root)
         synthesize(
-            syn.task, root, sites=syn.sites, size=syn.size, per_site=syn.per_site, seed=cfg.seed
+            syn.task,
+            root,
+            sites=syn.sites,
+            size=syn.size,
+            per_site=syn.per_site,
+            seed=cfg.seed,
+            site_weights=syn.site_weights,
+            names=syn.names,
         )
         if syn.weak_labels:
             generate_weak_labels(root, seed=cfg.seed)

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 import numpy as np
 import torch
@@ -21,6 +21,7 @@ __all__ = [
     "SYNTH_TASKS",
     "Sample",
     "SynthTask",
+    "letter_names",
     "site_sizes",
     "site_style",
     "split_sizes",
@@ -28,6 +29,8 @@ __all__ = [
 ]
 
 StyleT = TypeVar("StyleT")
+MAX_SITES = 10_000
+"""Largest synthetic federation (site names run A..Z, AA..ZZ, AAA, ...)."""
 Sample = tuple[np.ndarray, np.ndarray]
 """One sample: image (C, *spatial) float32 and mask (*spatial) uint8."""
 
@@ -58,6 +61,9 @@ class SynthTask(Generic[StyleT]):
     spacing: Callable[[StyleT, int], tuple[float, ...]] | None = None
     """Physical element spacing (same axis order) of a site's samples at a ``--size``;
     ``None`` writes no spacing (distances in pixels)."""
+    paper_sites: tuple[str, ...] = ()
+    """Names of the sites the task simulates (e.g. the public datasets), in site order;
+    ``synthesize(..., names="paper")`` uses them instead of letters."""
 
     def generate(self, site: int, n: int, size: int, rng: np.random.Generator) -> Sample:
         """``n`` samples of site ``site`` stacked: images [n, C, *spatial], masks [n, *spatial]."""
@@ -110,6 +116,18 @@ def site_sizes(weights: Sequence[float], per_site: int, minimum: int = 5) -> lis
     return [max(minimum, round(per_site * x)) for x in w / w.mean()]
 
 
+def letter_names(n: int) -> list[str]:
+    """``A``..``Z``, then ``AA``, ``AB``, ... (bijective base 26) for ``n`` sites."""
+    names = []
+    for i in range(1, n + 1):
+        name = ""
+        while i:
+            i, r = divmod(i - 1, 26)
+            name = string.ascii_uppercase[r] + name
+        names.append(name)
+    return names
+
+
 def split_sizes(n: int, fractions: Sequence[float]) -> dict[str, int]:
     """Split ``n`` samples into train/val/test by ``fractions``; test takes the remainder."""
     if len(fractions) != 3 or min(fractions) < 0 or abs(sum(fractions) - 1) > 1e-6:
@@ -132,6 +150,8 @@ def synthesize(
     split: Sequence[float] = (0.7, 0.1, 0.2),
     overwrite: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    site_weights: Sequence[float] | None = None,
+    names: Literal["letters", "paper"] = "letters",
 ) -> Manifest:
     """Write a synthetic federation of the registered ``task`` into ``out``.
 
@@ -145,20 +165,45 @@ def synthesize(
         split: train/val/test fractions.
         overwrite: replace an existing federation in ``out``.
         progress: called as ``progress(done_sites, total_sites)``.
+        site_weights: relative site sizes (e.g. a paper's image counts), replacing the task's
+            default imbalance; its length is the number of sites unless ``sites`` is given.
+        names: ``letters`` (A, B, ..., Z, AA, ...) or ``paper`` (the simulated datasets'
+            names, e.g. RUNMC, BMC, ... for ``prostate``).
 
     Returns:
         The written manifest (sites with their default annotation, no weak labels yet).
     """
     spec = SYNTH_TASKS.get(task)
-    n_sites = len(spec.annotations) if sites is None else sites
-    if not 1 <= n_sites <= len(string.ascii_uppercase):
-        raise DataError(f"--sites must be in 1..26, got {n_sites}")
+    if site_weights is not None:
+        site_weights = [float(w) for w in site_weights]
+        if not site_weights or min(site_weights) <= 0:
+            raise DataError(f"--site-weights must be positive numbers, got {site_weights}")
+        if sites is not None and sites != len(site_weights):
+            raise DataError(
+                f"--sites {sites} disagrees with the {len(site_weights)} --site-weights"
+            )
+    default_n = len(spec.annotations) if site_weights is None else len(site_weights)
+    n_sites = default_n if sites is None else sites
+    if not 1 <= n_sites <= MAX_SITES:
+        raise DataError(f"--sites must be in 1..{MAX_SITES}, got {n_sites}")
     if per_site is not None and per_site < 1:
         raise DataError(f"--per-site must be at least 1, got {per_site}")
     if size < 16:
         raise DataError(f"--size must be at least 16 pixels, got {size}")
-    names = list(string.ascii_uppercase[:n_sites])
-    weights = [spec.size_weights[i % len(spec.size_weights)] for i in range(n_sites)]
+    if names == "paper":
+        if n_sites > len(spec.paper_sites):
+            raise DataError(
+                f"--names paper: task {task!r} names {len(spec.paper_sites)} sites "
+                f"{list(spec.paper_sites)}, {n_sites} were asked for"
+            )
+        site_names = list(spec.paper_sites[:n_sites])
+    elif names == "letters":
+        site_names = letter_names(n_sites)
+    else:
+        raise DataError(f"--names must be 'letters' or 'paper', got {names!r}")
+    weights = site_weights or [
+        spec.size_weights[i % len(spec.size_weights)] for i in range(n_sites)
+    ]
     counts = site_sizes(weights, 40 if per_site is None else per_site)
     plans = [split_sizes(n, split) for n in counts]
     writer = FederationWriter(
@@ -173,7 +218,7 @@ def synthesize(
         source=spec.source,
         overwrite=overwrite,
     )
-    for i, (name, n, plan) in enumerate(zip(names, counts, plans, strict=True)):
+    for i, (name, n, plan) in enumerate(zip(site_names, counts, plans, strict=True)):
         with _single_thread():
             images, masks = spec.generate(i, n, size, np.random.default_rng([seed, i]))
         sp = spec.spacing(site_style(spec.styles, i), size) if spec.spacing else None
@@ -185,5 +230,5 @@ def synthesize(
         if progress is not None:
             progress(i + 1, n_sites)
     return writer.finish(
-        {name: spec.annotations[i % len(spec.annotations)] for i, name in enumerate(names)}
+        {name: spec.annotations[i % len(spec.annotations)] for i, name in enumerate(site_names)}
     )

@@ -114,5 +114,6 @@ SYNTH_TASKS.register("prostate")(
         size_weights=(18.4, 17.2, 19.3, 11.6, 13.9, 11.0),
         source="synthetic procedural pelvis phantoms with simulated per-site scanner "
         "artefacts; not patient data",
+        paper_sites=("RUNMC", "BMC", "HCRUDB", "UCL", "BIDMC", "HK"),
     )
 )
