@@ -1,4 +1,4 @@
-"""Weak-label synthesis: points, scribbles, blocks and boxes from full masks (docs/data.md)."""
+"""Weak-label synthesis from full masks: points, scribbles, blocks, boxes (docs/weak_labels.md)."""
 
 from fedseg.data.weak.boxes import Box, box_label, boxes_of
 from fedseg.data.weak.generate import generate_weak_labels, sample_rng, weak_label
@@ -6,6 +6,7 @@ from fedseg.data.weak.params import WeakLabelParams
 from fedseg.data.weak.sparse import (
     block_label,
     max_inscribed_rect,
+    meaningful_regions,
     point_label,
     scribble2_label,
     scribble_label,
@@ -19,6 +20,7 @@ __all__ = [
     "boxes_of",
     "generate_weak_labels",
     "max_inscribed_rect",
+    "meaningful_regions",
     "point_label",
     "sample_rng",
     "scribble2_label",

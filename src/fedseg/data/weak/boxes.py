@@ -13,11 +13,10 @@ from dataclasses import dataclass
 
 import cv2
 import numpy as np
-from scipy import ndimage
 
 from fedseg.data.manifest import IGNORE_INDEX
 from fedseg.data.weak.params import WeakLabelParams
-from fedseg.data.weak.sparse import block_label, scribble_label
+from fedseg.data.weak.sparse import block_label, meaningful_regions, scribble_label
 
 __all__ = ["Box", "box_label", "box_to_block", "box_to_scribble", "boxes_of"]
 
@@ -47,15 +46,14 @@ class Box:
         return cv2.pointPolygonTest(corners, other.center, False) >= 0
 
 
-def boxes_of(mask: np.ndarray, *, rotated: bool) -> list[Box]:
-    """One box per connected component of each foreground class: the bounding rectangle, or
-    with ``rotated`` the minimum-area enclosing rectangle (``cv2.minAreaRect``)."""
+def boxes_of(mask: np.ndarray, *, rotated: bool, min_pixels: int = 1) -> list[Box]:
+    """One box per meaningful connected region of each foreground class
+    (:func:`~fedseg.data.weak.sparse.meaningful_regions` with ``min_pixels``): the bounding
+    rectangle, or with ``rotated`` the minimum-area enclosing rectangle (``cv2.minAreaRect``)."""
     boxes = []
     for c in (int(v) for v in np.unique(mask) if v > 0):
-        comps, _ = ndimage.label(mask == c)
-        for k, window in enumerate(ndimage.find_objects(comps), start=1):
-            ys, xs = np.nonzero(comps[window] == k)
-            ys, xs = ys + window[0].start, xs + window[1].start
+        for region in meaningful_regions(mask, c, min_pixels):
+            ys, xs = np.nonzero(region)
             if rotated:
                 points = np.column_stack([xs, ys]).astype(np.float32)
                 (cx, cy), (w, h), angle = cv2.minAreaRect(points)
@@ -118,7 +116,7 @@ def box_label(
     A mask without foreground has no box: the image is then labeled like a background-only
     scribble or block annotation.
     """
-    boxes = boxes_of(mask, rotated=rotated)
+    boxes = boxes_of(mask, rotated=rotated, min_pixels=p.min_region_pixels(mask.shape))
     from_boxes, without_boxes = {
         "scribble": (box_to_scribble, scribble_label),
         "block": (box_to_block, block_label),

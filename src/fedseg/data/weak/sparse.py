@@ -1,9 +1,11 @@
 """Point, scribble, scribble2 and block labels synthesized from a full 2D mask (paper Sec. IV-A).
 
 Every function maps a mask (H, W) of class indices to a label of the same shape holding class
-indices on labeled pixels and ``IGNORE_INDEX`` elsewhere. Every class present in the mask,
-background included, and every connected component of it, gets labeled pixels; point, scribble
-and block pixels always lie inside their own class region.
+indices on labeled pixels and ``IGNORE_INDEX`` elsewhere. Background is a class like any other:
+every *meaningful* connected region of every class present (``meaningful_regions``), wherever
+it lies, gets labeled pixels; point, scribble and block pixels always lie inside their own
+region, and scribble2 keeps at least one correct pixel in each of them. The rules and their
+sources are in docs/weak_labels.md.
 """
 
 from __future__ import annotations
@@ -17,72 +19,87 @@ from skimage.morphology import disk, skeletonize
 from fedseg.data.manifest import IGNORE_INDEX
 from fedseg.data.weak.params import WeakLabelParams
 
-__all__ = ["block_label", "max_inscribed_rect", "point_label", "scribble2_label", "scribble_label"]
+__all__ = [
+    "block_label",
+    "max_inscribed_rect",
+    "meaningful_regions",
+    "point_label",
+    "scribble2_label",
+    "scribble_label",
+]
 
 _COARSE = 64
 """The inscribed-rectangle search runs on a grid of at most this many cells per side."""
+_NEIGHBOURS = np.ones((3, 3), np.uint8)
+
+
+def meaningful_regions(mask: np.ndarray, c: int, min_pixels: int) -> list[np.ndarray]:
+    """Connected regions (8-connected) of class ``c`` an annotator labels: those of at least
+    ``min_pixels`` pixels, largest first, or the largest one alone if none is that large."""
+    comps, n = ndimage.label(mask == c, structure=_NEIGHBOURS)
+    if n == 0:
+        return []
+    sizes = np.bincount(comps.ravel())[1:]
+    order = np.argsort(-sizes, kind="stable")
+    keep = [int(k) + 1 for k in order if sizes[k] >= min_pixels] or [int(order[0]) + 1]
+    return [comps == k for k in keep]
 
 
 def point_label(mask: np.ndarray, rng: np.random.Generator, p: WeakLabelParams) -> np.ndarray:
-    """Points: midpoints of the sides of each object's maximal inscribed rectangle shrunk by a
-    random ratio, stamped with a Gaussian-shaped brush; background points on the horizontal and
-    vertical axes through the foreground, outside its bounding box."""
+    """Points: in every meaningful region of every class, the midpoints of the four sides of
+    the region's maximal inscribed rectangle shrunk by a random ratio, stamped with a
+    Gaussian-shaped brush. Background regions are searched near the structures first (inside
+    the grown foreground bounding box)."""
     out = np.full(mask.shape, IGNORE_INDEX, np.uint8)
     radius = p.pixels(p.brush, mask.shape)
-    for c in _present(mask, foreground=True):
-        region_c = mask == c
-        comps, _ = ndimage.label(region_c)
-        for k, window in enumerate(ndimage.find_objects(comps), start=1):
-            region = comps[window] == k
-            r0, c0, r1, c1 = max_inscribed_rect(region)
+    min_px = p.min_region_pixels(mask.shape)
+    near = _near_structures(mask, p)
+    for c in _present(mask):
+        for region in meaningful_regions(mask, c, min_px):
+            search = region
+            if c == 0 and (region & near).sum() >= min_px:
+                search = region & near
+            (window,) = ndimage.find_objects(search.astype(np.int8))
+            r0, c0, r1, c1 = max_inscribed_rect(search[window])
             ratio = rng.uniform(*p.point_shrink)
-            cy, cx = (r0 + r1) / 2, (c0 + c1) / 2
+            cy = window[0].start + (r0 + r1) / 2
+            cx = window[1].start + (c0 + c1) / 2
             hy, hx = (r1 - r0) / 2 * ratio, (c1 - c0) / 2 * ratio
             for dy, dx in ((-hy, 0), (hy, 0), (0, -hx), (0, hx)):
-                y = window[0].start + round(cy + dy)
-                x = window[1].start + round(cx + dx)
-                _stamp(out, region_c, (y, x), c, radius, rng)
-    if (mask == 0).any():
-        _background_points(out, mask, radius, rng, p)
+                _stamp(out, region, (round(cy + dy), round(cx + dx)), c, radius, rng)
     return out
 
 
 def scribble_label(mask: np.ndarray, rng: np.random.Generator, p: WeakLabelParams) -> np.ndarray:
-    """Scribbles: the skeleton of a depth band eroded out of each object (a closed curve inside
-    it; for an object with a hole, such as a rim, the skeleton of the whole eroded object, a
-    single curve along it) and of a ring around the foreground for the background, drawn with
-    a round brush."""
+    """Scribbles: every meaningful region of every class eroded by ``scribble_margin`` (at
+    most half its depth), skeletonised and pruned of spurs shorter than ``scribble_prune``,
+    drawn with a round brush clipped to the region. A compact region, whose skeleton is
+    shorter than half the square root of its area, also gets the chord along its principal
+    axis through its deepest pixel. So a blob gets a stroke along its long axis, a ring (rim,
+    background around an object) a loop, tissue between structures a stroke along its
+    middle."""
     out = np.full(mask.shape, IGNORE_INDEX, np.uint8)
     radius = p.pixels(p.brush, mask.shape)
-    lo, hi = p.scribble_band
-    fg = mask > 0
-    for c in _present(mask, foreground=True):
-        region = mask == c
-        depth, comps = _relative_depth(region)
-        holed = np.concatenate([[False], _has_hole(comps)])[comps]
-        curve = skeletonize((depth > lo) & ((depth <= hi) | holed))
-        _paint(out, curve, region, c, radius)
-        _label_unlabeled_components(out, comps, depth, c, radius)
-    if (mask == 0).any():
-        bg = mask == 0
-        if fg.any():
-            dist = ndimage.distance_transform_edt(bg)
-            eq_radius = math.sqrt(fg.sum() / math.pi)
-            g0, g1 = p.scribble_bg_ring
-            ring = (dist > g0 * eq_radius + radius) & (dist <= g1 * eq_radius + 2 * radius + 1)
-            _paint(out, skeletonize(ring), bg, 0, radius)
-            depth, comps = dist / dist.max(), ndimage.label(bg)[0]
-        else:
-            depth, comps = _relative_depth(bg)
-            _paint(out, skeletonize((depth > lo) & (depth <= hi)), bg, 0, radius)
-        _label_unlabeled_components(out, comps, depth, 0, radius)
+    margin = p.pixels(p.scribble_margin, mask.shape)
+    prune = p.pixels(p.scribble_prune, mask.shape)
+    min_px = p.min_region_pixels(mask.shape)
+    for c in _present(mask):
+        for region in meaningful_regions(mask, c, min_px):
+            depth = _depth(region)
+            inside = depth > min(margin, 0.5 * depth.max())
+            curve = _prune(skeletonize(inside), prune)
+            if curve.sum() < 0.5 * math.sqrt(region.sum()):  # compact: point-like skeleton
+                curve |= _chord(inside, depth)
+            _paint(out, curve, region, c, radius)
     return out
 
 
 def scribble2_label(mask: np.ndarray, rng: np.random.Generator, p: WeakLabelParams) -> np.ndarray:
     """Scribbles of another style: ``scribble_label`` warped by a smooth random elastic field
-    (at most ``elastic_alpha`` per axis, so labels may leave their object by at most
-    ``ceil(alpha_px + 0.5)`` pixels, Chebyshev) with random discs erased; no class vanishes."""
+    (at most ``elastic_alpha`` per axis, so labels may leave their region by at most
+    ``ceil(alpha_px + 0.5)`` pixels, Chebyshev) with random discs erased. A meaningful region
+    left without a correct label by the warp gets its unwarped scribble back, and an erasure
+    that would empty one is skipped."""
     base = scribble_label(mask, rng, p)
     alpha = p.elastic_alpha * min(mask.shape)
     sigma = p.elastic_sigma * min(mask.shape)
@@ -91,17 +108,21 @@ def scribble2_label(mask: np.ndarray, rng: np.random.Generator, p: WeakLabelPara
         field = ndimage.gaussian_filter(rng.standard_normal(mask.shape), sigma)
         grid[axis] += field * (alpha / max(np.abs(field).max(), 1e-12))
     warped = ndimage.map_coordinates(base, grid, order=0, mode="constant", cval=IGNORE_INDEX)
-    warped = _restore_vanished(base, warped)
+    min_px = p.min_region_pixels(mask.shape)
+    regions = [(c, r) for c in _present(mask) for r in meaningful_regions(mask, c, min_px)]
+    for c, region in regions:
+        if not (warped[region] == c).any():
+            warped[region & (base == c)] = c
     erase_r = p.pixels(p.erase_radius, mask.shape)
+    yy, xx = np.ogrid[: mask.shape[0], : mask.shape[1]]
     for _ in range(rng.integers(p.erase_count[0], p.erase_count[1] + 1)):
         ys, xs = np.nonzero(warped != IGNORE_INDEX)
         if len(ys) == 0:
             break
         i = rng.integers(len(ys))
-        yy, xx = np.ogrid[: mask.shape[0], : mask.shape[1]]
         trial = warped.copy()
         trial[(yy - ys[i]) ** 2 + (xx - xs[i]) ** 2 <= erase_r**2] = IGNORE_INDEX
-        if set(np.unique(trial)) == set(np.unique(warped)):
+        if all((trial[region] == c).any() for c, region in regions):
             warped = trial
     return warped
 
@@ -111,7 +132,7 @@ def block_label(mask: np.ndarray, rng: np.random.Generator, p: WeakLabelParams) 
     half the component's maximal depth) on each side of every boundary."""
     out = np.full(mask.shape, IGNORE_INDEX, np.uint8)
     band = p.pixels(p.block_band, mask.shape)
-    for c in _present(mask, foreground=False):
+    for c in _present(mask):
         region = mask == c
         if region.all():
             out[:] = c
@@ -161,28 +182,62 @@ def _largest_rectangle(grid: np.ndarray) -> tuple[int, int, int, int]:
     return best_rect
 
 
-def _present(mask: np.ndarray, *, foreground: bool) -> list[int]:
-    return [int(c) for c in np.unique(mask) if c > 0 or not foreground]
+def _present(mask: np.ndarray) -> list[int]:
+    return [int(c) for c in np.unique(mask)]
 
 
-def _relative_depth(region: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Distance to the region's boundary (image border included) over each component's max."""
-    dist = ndimage.distance_transform_edt(np.pad(region, 1))[1:-1, 1:-1]
-    comps, n = ndimage.label(region)
-    deepest = np.asarray(ndimage.maximum(dist, comps, np.arange(1, n + 1)), np.float64)
-    return dist / np.concatenate([[1.0], deepest])[comps], comps
+def _depth(region: np.ndarray) -> np.ndarray:
+    """Distance to the region's boundary; the image border is not a boundary unless the
+    region fills the whole image."""
+    if region.all():
+        return ndimage.distance_transform_edt(np.pad(region, 1))[1:-1, 1:-1]
+    return ndimage.distance_transform_edt(region)
 
 
-def _has_hole(comps: np.ndarray) -> np.ndarray:
-    """Per component (1..n): whether it encloses a hole."""
-    filled = ndimage.binary_fill_holes(comps > 0)
-    n = int(comps.max())
-    holes, _ = ndimage.label(filled & (comps == 0))
-    holed = np.zeros(n, bool)
-    for window_label in range(1, int(holes.max()) + 1):
-        ring = ndimage.binary_dilation(holes == window_label) & (comps > 0)
-        holed[np.unique(comps[ring]) - 1] = True
-    return holed
+def _prune(skeleton: np.ndarray, n: int) -> np.ndarray:
+    """Remove end pixels ``n`` times (spurs shorter than ``n`` vanish, stroke ends recede by
+    ``n``); loops are kept, and the last non-empty skeleton is returned."""
+    cur = skeleton
+    for _ in range(n):
+        neighbours = ndimage.convolve(cur.astype(np.uint8), _NEIGHBOURS, mode="constant") - cur
+        nxt = cur & (neighbours > 1)
+        if not nxt.any() or np.array_equal(nxt, cur):
+            break
+        cur = nxt
+    return cur
+
+
+def _chord(inside: np.ndarray, depth: np.ndarray) -> np.ndarray:
+    """The straight run through the deepest pixel along the principal axis of ``inside``,
+    up to where it leaves ``inside``."""
+    y0, x0 = np.unravel_index(np.argmax(depth), depth.shape)
+    ys, xs = np.nonzero(inside)
+    cov = np.cov(np.stack([ys, xs]).astype(np.float64)) if len(ys) > 2 else np.eye(2)
+    dy, dx = np.linalg.eigh(cov)[1][:, -1]
+    out = np.zeros(inside.shape, bool)
+    out[y0, x0] = True
+    for sign in (1, -1):
+        for t in range(1, sum(inside.shape)):
+            y, x = round(y0 + sign * t * dy), round(x0 + sign * t * dx)
+            if not (0 <= y < inside.shape[0] and 0 <= x < inside.shape[1] and inside[y, x]):
+                break
+            out[y, x] = True
+    return out
+
+
+def _near_structures(mask: np.ndarray, p: WeakLabelParams) -> np.ndarray:
+    """The foreground's bounding box grown by ``point_bg_margin`` of its size (all of the
+    image when there is no foreground)."""
+    ys, xs = np.nonzero(mask > 0)
+    near = np.zeros(mask.shape, bool)
+    if len(ys) == 0:
+        near[:] = True
+        return near
+    grow = math.ceil(p.point_bg_margin * max(np.ptp(ys), np.ptp(xs)) + 1)
+    near[
+        max(ys.min() - grow, 0) : ys.max() + grow + 1, max(xs.min() - grow, 0) : xs.max() + grow + 1
+    ] = True
+    return near
 
 
 def _paint(out: np.ndarray, curve: np.ndarray, region: np.ndarray, c: int, radius: int) -> None:
@@ -190,19 +245,6 @@ def _paint(out: np.ndarray, curve: np.ndarray, region: np.ndarray, c: int, radiu
     if curve.any():
         stroke = ndimage.binary_dilation(curve, disk(radius)) & region
         out[stroke & (out == IGNORE_INDEX)] = c
-
-
-def _label_unlabeled_components(
-    out: np.ndarray, comps: np.ndarray, depth: np.ndarray, c: int, radius: int
-) -> None:
-    """Give every component of class ``c`` left without labels a brush dot at its deepest pixel."""
-    n = int(comps.max())
-    labeled = ndimage.maximum(out == c, comps, np.arange(1, n + 1))
-    for k in np.flatnonzero(~np.asarray(labeled, bool)) + 1:
-        y, x = ndimage.maximum_position(depth, comps, k)
-        dot = np.zeros(out.shape, bool)
-        dot[y, x] = True
-        _paint(out, dot, comps == k, c, radius)
 
 
 def _stamp(
@@ -226,35 +268,3 @@ def _stamp(
     dot &= region[y0:y1, x0:x1]
     view = out[y0:y1, x0:x1]
     view[dot & (view == IGNORE_INDEX)] = c
-
-
-def _background_points(
-    out: np.ndarray, mask: np.ndarray, radius: int, rng: np.random.Generator, p: WeakLabelParams
-) -> None:
-    bg = mask == 0
-    ys, xs = np.nonzero(~bg)
-    if len(ys):
-        margin = p.point_bg_margin * max(np.ptp(ys), np.ptp(xs)) + 2 * radius + 1
-        cy, cx = (ys.min() + ys.max()) // 2, (xs.min() + xs.max()) // 2
-        for y, x in (
-            (ys.min() - margin, cx),
-            (ys.max() + margin, cx),
-            (cy, xs.min() - margin),
-            (cy, xs.max() + margin),
-        ):
-            _stamp(out, bg, (round(y), round(x)), 0, radius, rng)
-    if not (out == 0).any():
-        comps, _ = ndimage.label(bg)
-        largest = comps == 1 + np.argmax(np.bincount(comps.ravel())[1:])
-        r0, c0, r1, c1 = max_inscribed_rect(largest)
-        cy, cx = (r0 + r1) // 2, (c0 + c1) // 2
-        for y, x in ((cy, c0), (cy, c1), (r0, cx), (r1, cx)):
-            _stamp(out, bg, (y, x), 0, radius, rng)
-
-
-def _restore_vanished(before: np.ndarray, after: np.ndarray) -> np.ndarray:
-    """Put back, unwarped, any class that the warp pushed out of the image entirely."""
-    out = after.copy()
-    for c in set(np.unique(before).tolist()) - set(np.unique(after).tolist()):
-        out[(before == c) & (out == IGNORE_INDEX)] = c
-    return out
