@@ -112,7 +112,10 @@ class TrainSettings(BaseModel):
     """Keep each site's optimiser state (momentum, Adam moments) across rounds in its private
     state, as FedBCS's and HarmoFL's code do (default: a fresh optimiser every round)."""
     augment: bool = True
-    """Random flips, 90-degree rotations and intensity jitter on training batches."""
+    """Random flips, rotations and intensity jitter on training batches."""
+    rotation: Literal["right_angles", "paper_45"] = "right_angles"
+    """Rotations of ``augment``: ``right_angles`` (k x 90 degrees) or ``paper_45`` (any angle in
+    [-45, 45] degrees, FedLPPA Sec. IV-A; corners rotated in are unlabeled)."""
     loss: Literal["auto", "pce", "ce_dice", "dice", "dice_bce"] = "auto"
     """``auto`` (pCE for weak labels, CE+Dice for full masks), ``pce``, ``ce_dice``,
     ``dice`` (soft Dice over all classes), ``dice_bce`` (binary tasks)."""
