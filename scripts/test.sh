@@ -2,7 +2,7 @@
 # Install fedseg with its test and Flower extras, lint, check import contracts, run tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh test,flower
+bash scripts/setup.sh test,flower,brain
 .venv/bin/ruff check src tests benchmarks
 .venv/bin/lint-imports
 .venv/bin/python -m pytest -q -n 2 --dist loadfile "$@"

@@ -24,11 +24,13 @@ app = typer.Typer(
 
 
 def _mount_subapps() -> None:
+    from fedseg.configs_cli import app as configs_app
     from fedseg.data.cli import app as data_app
     from fedseg.engine.flower.cli import app as flower_app
 
     app.add_typer(data_app, name="data", help="Create, import, check and preview federations.")
     app.add_typer(flower_app, name="flower", help="Run a real federation on Flower.")
+    app.add_typer(configs_app, name="configs", help="List, show and copy shipped configs.")
 
 
 def _logging(run_dir: Path | None, verbose: bool) -> None:
@@ -47,7 +49,10 @@ def _logging(run_dir: Path | None, verbose: bool) -> None:
 
 @app.command()
 def run(
-    config: Annotated[Path | None, typer.Argument(help="YAML run configuration.")] = None,
+    config: Annotated[
+        Path | None,
+        typer.Argument(help="YAML run configuration, or a shipped name (fedseg configs list)."),
+    ] = None,
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Override: key.sub=value.")
     ] = None,
@@ -137,16 +142,11 @@ def _results_table(results: dict) -> Table:
 @app.command()
 def methods(pattern: Annotated[str, typer.Argument(help="Shell-style filter.")] = "*") -> None:
     """List the registered methods."""
-    from fedseg.methods import get_method, list_methods
+    from fedseg.catalog import method_catalog
 
     table = Table("name", "personalized", "summary")
-    for name in list_methods(pattern):
-        cls = get_method(name)
-        table.add_row(
-            name,
-            "yes" if cls.personalized else "",
-            cls.summary or (cls.__doc__ or "").split("\n")[0],
-        )
+    for info in method_catalog(pattern):
+        table.add_row(info.name, "yes" if info.personalized else "", info.summary)
     console.print(table)
 
 

@@ -16,6 +16,7 @@ from pydantic import (
     field_validator,
 )
 
+from fedseg.configs import resolve_config
 from fedseg.errors import ConfigError, RegistryError
 from fedseg.methods import MethodConfig, TrainSettings, get_method
 from fedseg.models import ModelConfig, parse_model
@@ -166,13 +167,12 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return raw
 
 
-def load_config(path: Path, overrides: list[str] | None = None) -> RunConfig:
-    """Read, override and validate a YAML run configuration.
+def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """Read, override and validate a YAML run configuration (a file or a shipped name).
 
     Relative ``data.root`` paths are taken relative to the current directory.
     """
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
+    path = resolve_config(path)
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:

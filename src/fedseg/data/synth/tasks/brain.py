@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from fedseg.data.synth.artefacts import ScannerProfile
 from fedseg.data.synth.base import SYNTH_TASKS, Sample, SynthTask
+from fedseg.errors import DataError
 
 BRAIN_THRESHOLD = 0.2
 """Template intensity (of its maximum) above which a voxel is brain (nilearn's own mask)."""
@@ -56,7 +57,12 @@ STYLES = (
 @lru_cache(maxsize=1)
 def _template() -> torch.Tensor:
     """(3, X, Y, Z) float32: T1 scaled to [0, 1], pGM, pWM (nilearn's packaged files)."""
-    from nilearn import datasets
+    try:
+        from nilearn import datasets
+    except ImportError:
+        raise DataError(
+            "the brain task needs nilearn's MNI152 templates: pip install 'fedseg[brain]'"
+        ) from None
 
     volumes = [
         datasets.load_mni152_template(),
