@@ -41,8 +41,10 @@ def test_invalid_configs_name_the_field(tmp_path, text, message):
 
 
 def test_missing_file_and_bad_override(tmp_path):
-    with pytest.raises(ConfigError, match="does not exist"):
+    with pytest.raises(ConfigError, match=r"nope.yaml is neither a file nor a shipped config"):
         load_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match=r"fedseg configs list"):
+        load_config("no-such-config")
     with pytest.raises(ConfigError, match="expected key=value"):
         load_config(_write(tmp_path, "data: {root: d}\n"), ["train.rounds"])
     with pytest.raises(ConfigError, match="top level"):
