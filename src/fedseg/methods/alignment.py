@@ -1,12 +1,14 @@
 """Shared pieces of the feature-alignment baselines of FedBCS's Table 1 (MOON, FedProto, FPL,
-FedUV): the pixel feature of a named layer, class-balanced pixel sampling, a local-training
-loop that adds per-batch feature terms and collects last-epoch prototypes, and the split of
-payloads that carry prototypes besides weights.
+FedUV): the feature width of a named level, label-free pixel sampling, a local-training loop
+that adds per-batch feature terms and collects last-epoch prototypes, per-class gathering
+of uploaded prototypes, and a base method whose payloads carry extra tensors besides weights.
 
-Port of classification-feature methods to segmentation (``docs/methods/fedproto.md``): a
-pixel is a sample, its feature is the named layer's vector at that pixel (``dec1``, the
-full-resolution map that feeds the segmentation head, by default); per-pixel losses run on
-at most ``max_pixels`` randomly chosen labelled pixels per class and batch.
+Port of classification-feature methods to segmentation: a pixel is a sample, its feature is
+the named level's vector at that pixel (``dec1``, the full-resolution map that feeds the
+segmentation head, by default). Class-balanced pixel sampling and the ``(logits, feature)``
+view of a network come from :mod:`fedseg.methods.clustered_prototypes` (shared with
+FedContrast and FedPLVM), whose setting names (``level``, ``pixels``, ``weighting``) these
+methods use too.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from fedseg.methods.base import (
     State,
     batches_per_epoch,
 )
-from fedseg.methods.prototypes import PrototypeAccumulator, read_prototypes, resize_labels
+from fedseg.methods.clustered_prototypes import Weighting, aggregation_weights
+from fedseg.methods.prototypes import PrototypeAccumulator, read_prototypes
 from fedseg.methods.training import segmentation_loss, train_steps
 from fedseg.models.features import named_features
 from fedseg.models.registry import ModelConfig
@@ -38,14 +41,11 @@ from fedseg.models.registry import ModelConfig
 __all__ = [
     "AlignmentConfig",
     "AlignmentMethod",
-    "FeatureView",
     "Terms",
     "class_members",
     "feature_dim",
-    "labelled_rows",
     "pixel_rows",
     "random_pixels",
-    "sample_pixels",
     "train_with_terms",
 ]
 
@@ -56,61 +56,34 @@ Terms = Callable[[torch.Tensor, Any, torch.Tensor], dict[str, torch.Tensor]]
 class AlignmentConfig(MethodConfig):
     """Settings every feature-alignment baseline shares."""
 
-    layer: str = "dec1"
-    """Feature whose pixels are the method's samples (``enc1`` ... ``dec1`` of the UNet)."""
-    max_pixels: PositiveInt = 4096
-    """Cap on the pixels of one class in one batch that enter a per-pixel loss."""
+    level: str = "dec1"
+    """Feature map whose pixels are the samples (a UNet feature name, or a sub-module name)."""
+    pixels: PositiveInt = 4096
+    """Pixels per class per batch that enter a per-pixel loss (class-balanced cap; MOON:
+    pixels per batch, label-free)."""
+    weighting: Weighting = "samples"
+    """Model averaging: ``samples`` (FedBCS's protocol, and these papers' own) or
+    ``uniform``."""
 
 
-def feature_dim(model: nn.Module, spec: FederationSpec, layer: str) -> int:
-    """Channels of ``model``'s feature ``layer`` (one probe forward pass on zeros, in eval
+def feature_dim(model: nn.Module, spec: FederationSpec, level: str) -> int:
+    """Channels of ``model``'s feature ``level`` (one probe forward pass on zeros, in eval
     mode, without gradients: no random numbers are drawn and nothing is updated)."""
-    size = tuple(spec.image_size) or (32,) * spec.ndim
     device = next(model.parameters()).device
-    x = torch.zeros(2, spec.in_channels, *size, device=device)
+    x = torch.zeros(2, spec.in_channels, *(32,) * spec.ndim, device=device)
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            _, feats = named_features(model, x, [layer])
+            _, feats = named_features(model, x, [level])
     finally:
         model.train(was_training)
-    return int(feats[layer].shape[1])
+    return int(feats[level].shape[1])
 
 
 def pixel_rows(t: torch.Tensor) -> torch.Tensor:
     """``[B, D, *S]`` -> ``[B * prod(S), D]``: one row per pixel (batch-major order)."""
     return t.movedim(1, -1).reshape(-1, t.shape[1])
-
-
-def sample_pixels(
-    labels: torch.Tensor, num_classes: int, cap: int, generator: torch.Generator
-) -> torch.Tensor:
-    """Indices (into :func:`pixel_rows` order) of at most ``cap`` random pixels of every class
-    ``0 .. num_classes - 1`` of ``labels`` ``[B, *S]``; ignored pixels are never chosen."""
-    flat = labels.flatten()
-    picks = []
-    for c in range(num_classes):
-        where = torch.nonzero(flat == c).flatten()
-        if len(where) > cap:
-            keep = torch.randperm(len(where), generator=generator)[:cap].to(where.device)
-            where = where[keep]
-        picks.append(where)
-    return torch.cat(picks)
-
-
-def labelled_rows(
-    t: torch.Tensor,
-    labels: torch.Tensor,
-    num_classes: int,
-    cap: int,
-    generator: torch.Generator,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(rows [N, D], classes [N])``: the pixels of ``t`` ``[B, D, *S]`` chosen by
-    :func:`sample_pixels` under ``labels`` resized to ``S`` (legacy nearest)."""
-    y = resize_labels(labels, tuple(t.shape[2:]))
-    idx = sample_pixels(y, num_classes, cap, generator)
-    return pixel_rows(t)[idx], y.flatten()[idx]
 
 
 def random_pixels(
@@ -120,19 +93,6 @@ def random_pixels(
     if n <= cap:
         return torch.arange(n, device=device)
     return torch.randperm(n, generator=generator)[:cap].to(device)
-
-
-class FeatureView(nn.Module):
-    """``forward(x) -> (logits, feature)`` of ``net``'s feature ``layer`` (the optimiser keys
-    its state by ``net``'s parameter names)."""
-
-    def __init__(self, net: nn.Module, layer: str) -> None:
-        super().__init__()
-        self.net, self.layer = net, layer
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits, feats = named_features(self.net, x, [self.layer])
-        return logits, feats[self.layer]
 
 
 def train_with_terms(
@@ -190,8 +150,9 @@ def class_members(
 class AlignmentMethod(Method):
     """Base of the feature-alignment baselines: the partition's weights plus the method's
     ``extra_names`` tensors (prototypes, cluster centres) travel; the server averages the
-    weights by sample count (FedAvg; FedBCS's supplement, Eq. 27, uses it for every method
-    of its comparison, and MOON's, FedProto's (RethinkFL), FPL's and FedUV's code agree)."""
+    weights by sample count by default (FedAvg; FedBCS's supplement, Eq. 27, uses it for
+    every method of its comparison, and MOON's, FedProto's (RethinkFL), FPL's and FedUV's
+    code agree) or uniformly (``weighting: uniform``)."""
 
     Config = AlignmentConfig
     config: AlignmentConfig
@@ -207,7 +168,7 @@ class AlignmentMethod(Method):
     def dim(self, model: nn.Module) -> int:
         """Channels of the configured feature layer of ``model`` (probed once)."""
         if self._dim is None:
-            self._dim = feature_dim(model, self.spec, self.config.layer)
+            self._dim = feature_dim(model, self.spec, self.config.level)
         return self._dim
 
     def weights(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -215,13 +176,10 @@ class AlignmentMethod(Method):
         return {k: v for k, v in tensors.items() if k not in self.extra_names}
 
     def average(self, uploads: Mapping[str, Payload]) -> dict[str, torch.Tensor]:
-        """Sample-count-weighted average of the uploaded weights."""
-        return weighted_average(
-            {
-                s: Payload(self.weights(u.tensors), num_examples=u.num_examples)
-                for s, u in uploads.items()
-            }
-        )
+        """Average of the uploaded weights under ``weighting``."""
+        first = next(iter(uploads.values()))
+        w = aggregation_weights(uploads, self.config.weighting)
+        return weighted_average(uploads, w, keys=self.weights(first.tensors))
 
     def server_step(
         self, uploads: Mapping[str, Payload], state: State, ctx: ServerContext

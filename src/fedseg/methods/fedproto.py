@@ -20,9 +20,7 @@ from torch import nn
 from fedseg.methods.alignment import (
     AlignmentConfig,
     AlignmentMethod,
-    FeatureView,
     class_members,
-    labelled_rows,
     train_with_terms,
 )
 from fedseg.methods.base import (
@@ -34,6 +32,7 @@ from fedseg.methods.base import (
     State,
     Template,
 )
+from fedseg.methods.clustered_prototypes import FeatureView, sample_pixels
 from fedseg.methods.partition import Partition, ResolvedPartition
 from fedseg.methods.prototypes import (
     PrototypeAccumulator,
@@ -120,11 +119,11 @@ class FedProto(AlignmentMethod):
         def terms(
             logits: torch.Tensor, feats: torch.Tensor, labels: torch.Tensor
         ) -> dict[str, torch.Tensor]:
-            f, y = labelled_rows(feats, labels, spec.num_classes, cfg.max_pixels, ctx.generator)
+            f, y = sample_pixels(feats, labels, spec.num_classes, cfg.pixels, ctx.generator)
             return {"proto_mse": cfg.weight * prototype_mse(f, y, glob, counts)}
 
         acc = PrototypeAccumulator(spec.num_classes, spec.ignore_index)
-        metrics = train_with_terms(FeatureView(model, cfg.layer), ctx, terms, acc)
+        metrics = train_with_terms(FeatureView(model, cfg.level), ctx, terms, acc)
         protos, pixel_counts = acc.result()
         metrics["prototypes"] = float((pixel_counts > 0).sum())
         upload, private = self.split(model)

@@ -15,12 +15,11 @@ from pydantic import Field, PositiveInt
 from fedseg.methods.alignment import (
     AlignmentConfig,
     AlignmentMethod,
-    FeatureView,
-    labelled_rows,
     random_pixels,
     train_with_terms,
 )
 from fedseg.methods.base import ClientContext, ClientResult, Payload, State
+from fedseg.methods.clustered_prototypes import FeatureView, sample_pixels
 from fedseg.methods.registry import register_method
 
 __all__ = ["FedUV", "uniformity_loss", "variance_loss"]
@@ -77,15 +76,15 @@ class FedUV(AlignmentMethod):
         def terms(
             logits: torch.Tensor, feats: torch.Tensor, labels: torch.Tensor
         ) -> dict[str, torch.Tensor]:
-            k, cap, gen = spec.num_classes, cfg.max_pixels, ctx.generator
-            p, _ = labelled_rows(logits, labels, k, cap, gen)
-            z, _ = labelled_rows(feats, labels, k, cap, gen)
+            k, cap, gen = spec.num_classes, cfg.pixels, ctx.generator
+            p, _ = sample_pixels(logits, labels, k, cap, gen)
+            z, _ = sample_pixels(feats, labels, k, cap, gen)
             z = z[random_pixels(len(z), cfg.unif_pixels, gen, z.device)]
             return {
                 "var": cfg.std_coeff * variance_loss(p),
                 "unif": cfg.unif_coeff * uniformity_loss(z),
             }
 
-        metrics = train_with_terms(FeatureView(model, cfg.layer), ctx, terms)
+        metrics = train_with_terms(FeatureView(model, cfg.level), ctx, terms)
         upload, private = self.split(model)
         return ClientResult(Payload(upload, num_examples=ctx.site.num_train), private, metrics)

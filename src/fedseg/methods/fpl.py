@@ -12,16 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
-import torch.nn.functional as F
 from pydantic import Field, PositiveFloat
 from torch import nn
 
 from fedseg.methods.alignment import (
     AlignmentConfig,
     AlignmentMethod,
-    FeatureView,
     class_members,
-    labelled_rows,
     train_with_terms,
 )
 from fedseg.methods.base import (
@@ -34,6 +31,7 @@ from fedseg.methods.base import (
     Template,
     TensorSpec,
 )
+from fedseg.methods.clustered_prototypes import FeatureView, prototype_infonce, sample_pixels
 from fedseg.methods.finch import finch_clusters
 from fedseg.methods.prototypes import (
     PrototypeAccumulator,
@@ -94,19 +92,14 @@ def fpl_losses(
     ``L_cu = mean_d (f - mean(P_y))^2``, both summed over the rows whose class has centres
     and divided by all N rows (FPL averages over the whole batch)."""
     zero = features.sum() * 0
-    if len(centres) == 0 or len(features) == 0:
-        return zero, zero
     has = torch.isin(classes, centre_class)
-    f, y = features[has], classes[has]
-    if len(f) == 0:
+    if len(centres) == 0 or not has.any():
         return zero, zero
-    sim = F.normalize(f, dim=1) @ F.normalize(centres, dim=1).T / tau
-    positive = centre_class[None, :] == y[:, None]
-    l_xi = torch.logsumexp(sim, 1) - torch.logsumexp(sim.masked_fill(~positive, -torch.inf), 1)
+    share = has.sum() / len(features)
+    l_xi = prototype_infonce(features, classes, centres, centre_class, tau) * share
     unbiased, _ = unbiased_prototypes(centres, centre_class, num_classes)
-    l_cu = (f - unbiased[y]).pow(2).mean(1)
-    n = len(features)
-    return l_xi.sum() / n, l_cu.sum() / n
+    l_cu = (features[has] - unbiased[classes[has]]).pow(2).mean(1).sum() / len(features)
+    return l_xi, l_cu
 
 
 @register_method("fpl")
@@ -159,12 +152,12 @@ class FPL(AlignmentMethod):
         def terms(
             logits: torch.Tensor, feats: torch.Tensor, labels: torch.Tensor
         ) -> dict[str, torch.Tensor]:
-            f, y = labelled_rows(feats, labels, spec.num_classes, cfg.max_pixels, ctx.generator)
+            f, y = sample_pixels(feats, labels, spec.num_classes, cfg.pixels, ctx.generator)
             l_xi, l_cu = fpl_losses(f, y, centres, centre_class, spec.num_classes, cfg.tau)
             return {"l_xi": cfg.xi_weight * l_xi, "l_cu": cfg.cu_weight * l_cu}
 
         acc = PrototypeAccumulator(spec.num_classes, spec.ignore_index)
-        metrics = train_with_terms(FeatureView(model, cfg.layer), ctx, terms, acc)
+        metrics = train_with_terms(FeatureView(model, cfg.level), ctx, terms, acc)
         protos, pixel_counts = acc.result()
         metrics["prototypes"] = float((pixel_counts > 0).sum())
         upload, private = self.split(model)

@@ -45,25 +45,25 @@ def moon_contrastive(
 
 
 class ProjectedNet(nn.Module):
-    """A segmentation network plus MOON's projection head on its feature ``layer``.
+    """A segmentation network plus MOON's projection head on its feature ``level``.
 
     ``forward`` is the network's (the head plays no part in segmentation); :meth:`project`
     also returns the projection: per pixel (``[B, P, *S]``) or, with ``pooled``, of the
     globally average-pooled feature (``[B, P, 1, ...]``).
     """
 
-    def __init__(self, backbone: nn.Module, layer: str, head: nn.Module, pooled: bool) -> None:
+    def __init__(self, backbone: nn.Module, level: str, head: nn.Module, pooled: bool) -> None:
         super().__init__()
         self.backbone, self.projection = backbone, head
-        self.layer, self.pooled = layer, pooled
+        self.level, self.pooled = level, pooled
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.backbone(x)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(logits, projection)`` of one forward pass."""
-        logits, feats = named_features(self.backbone, x, [self.layer])
-        f = feats[self.layer]
+        logits, feats = named_features(self.backbone, x, [self.level])
+        f = feats[self.level]
         if self.pooled:
             f = f.mean(dim=tuple(range(2, f.dim())), keepdim=True)
         return logits, self.projection(f)
@@ -109,8 +109,8 @@ class MOON(AlignmentMethod):
         tau: PositiveFloat = 0.5
         """Temperature of the cosine similarities (paper: 0.5)."""
         representation: Literal["pixel", "image"] = "pixel"
-        """``pixel``: contrast per pixel of ``layer`` (1x1-conv head); ``image``: contrast the
-        globally average-pooled ``layer`` feature per image (the classification form)."""
+        """``pixel``: contrast per pixel of ``level`` (1x1-conv head); ``image``: contrast the
+        globally average-pooled ``level`` feature per image (the classification form)."""
         proj_dim: PositiveInt | None = None
         """Output width of the projection head (default: the feature's width)."""
 
@@ -120,10 +120,10 @@ class MOON(AlignmentMethod):
     def build_model(self) -> nn.Module:
         backbone = super().build_model()
         cfg, nd = self.config, self.spec.ndim
-        dim = feature_dim(backbone, self.spec, cfg.layer)
+        dim = feature_dim(backbone, self.spec, cfg.level)
         out = cfg.proj_dim or dim
         head = nn.Sequential(conv(nd, dim, dim, kernel_size=1), nn.ReLU(), conv(nd, dim, out, 1))
-        return ProjectedNet(backbone, cfg.layer, head, cfg.representation == "image")
+        return ProjectedNet(backbone, cfg.level, head, cfg.representation == "image")
 
     def init_client(self, model: nn.Module, site: SiteSpec) -> State:
         """No private weights; the previous local model starts as the initial model (as in
@@ -146,7 +146,7 @@ class MOON(AlignmentMethod):
             labels: torch.Tensor,
         ) -> dict[str, torch.Tensor]:
             z, z_glob, z_prev = (pixel_rows(r) for r in reps)
-            idx = random_pixels(len(z), cfg.max_pixels, ctx.generator, z.device)
+            idx = random_pixels(len(z), cfg.pixels, ctx.generator, z.device)
             return {"con": cfg.mu * moon_contrastive(z[idx], z_glob[idx], z_prev[idx], cfg.tau)}
 
         metrics = train_with_terms(_MoonView(model, glob, prev), ctx, terms)  # type: ignore[arg-type]
