@@ -101,3 +101,31 @@ def test_require_valid_lists_every_problem(fed_copy: Path) -> None:
     assert "4 problem(s)" in reason  # per site: a count mismatch and an orphaned weak label
     assert "D/test: manifest says" in reason and "E/test: manifest says" in reason
     assert "D/test/weak: weak labels without a sample" in reason
+
+
+@pytest.mark.parametrize("kind", ["npz", "npy"])
+def test_every_single_byte_flip_or_cut_is_a_data_error_or_a_sample(tmp_path: Path, kind) -> None:
+    """No damage at any position escapes as another exception (a traceback for the user)."""
+    from fedseg.data.federation import image_problems, label_problems, read_npy, read_npz
+
+    path = tmp_path / f"x.{kind}"
+    if kind == "npz":
+        np.savez(path, image=np.ones((1, 6, 6), np.float32), mask=np.ones((6, 6), np.uint8))
+    else:
+        np.save(path, np.ones((6, 6), np.uint8))
+    raw = path.read_bytes()
+    damaged = [raw[:n] for n in range(len(raw))]
+    damaged += [raw[:i] + bytes([raw[i] ^ 0xFF]) + raw[i + 1 :] for i in range(len(raw))]
+    refused = 0
+    for data in damaged:
+        path.write_bytes(data)
+        try:
+            arrays = read_npz(path) if kind == "npz" else {"mask": read_npy(path)}
+        except DataError as e:
+            assert e.reason.startswith(f"{path}: ")
+            refused += 1
+            continue
+        label_problems(arrays["mask"], (6, 6), 2)  # what survived is checkable
+        if kind == "npz":
+            image_problems(arrays["image"], (1, 6, 6))
+    assert refused >= len(raw)  # every cut, at least

@@ -193,7 +193,9 @@ def check(
     if not problems:
         console.print(f"[green]ok[/]: {root} ({len(fed.site_names)} sites) has no problems")
         return
-    console.print(f"[bold red]{len(problems)} problem(s)[/] in {root}:", highlight=False)
+    console.print(
+        f"[bold red]{len(problems)} problem(s)[/] in {root}:", highlight=False, soft_wrap=True
+    )
     for p in problems:  # one unwrapped line each, so paths stay whole and greppable
         console.print(f"  {p}", markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(1)

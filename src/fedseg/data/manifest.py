@@ -219,7 +219,8 @@ def validate_manifest(raw: object, where: str) -> Manifest:
             else:
                 got = "" if err["type"] == "missing" else f" (got {_short(err['input'])})"
                 lines.append(f"{field}: {err['msg']}{got}")
-        raise DataError(f"{where}: invalid manifest:\n  " + "\n  ".join(lines)) from None
+        sep = " " if len(lines) == 1 else "\n  "  # one problem: one line
+        raise DataError(f"{where}: invalid manifest:{sep}" + "\n  ".join(lines)) from None
 
 
 def write_manifest(root: Path, manifest: Manifest) -> Path:

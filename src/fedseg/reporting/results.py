@@ -59,10 +59,10 @@ def _missing_note(results: dict[str, Any]) -> list[str]:
     missing = results.get("missing_sites") or {}
     if not missing:
         return []
-    listed = "; ".join(f"{site} ({reason})" for site, reason in missing.items())
+    listed = "; ".join(f"{site} ({' '.join(str(why).split())})" for site, why in missing.items())
     n, total = len(results["sites"]), len(results["sites"]) + len(missing)
     return [
         f"**Missing sites: {len(missing)} of {total} did not report an evaluation: {listed}. "
-        f"The averages are over the {n} sites above only.**",
+        f"The averages are over the {n} site{'s' * (n != 1)} above only.**",
         "",
     ]
