@@ -13,6 +13,7 @@ from fedseg.methods import TrainSettings, get_method
 from fedseg.methods.base import ServerContext
 from fedseg.methods.fedvc import pseudo_labels, virtual_class_loss
 from fedseg.models.fpn import PVTv2FPN
+from fedseg.models.paa import PAA
 from fedseg.models.unet import UNet
 from fedseg.models.vc_head import VirtualClassHead
 from fedseg.models.vc_net import PAAUNet
@@ -253,3 +254,49 @@ def test_pvtv2_fpn_backbone_ours_dagger_trains():
     record = sim.round(0)
     assert all(math.isfinite(v) for m in record["clients"].values() for v in m.values())
     assert torch.equal(sim.states["site1"]["weights"][VIRTUAL], before)
+
+
+def test_paa_computes_eqs_9_to_12():
+    torch.manual_seed(0)
+    paa = PAA(4, 6)
+    d, e = torch.randn(1, 4, 3, 3), torch.randn(1, 6, 3, 3)
+
+    def conv1x1(layer, x):
+        return (
+            torch.einsum("oi,bihw->bohw", layer.weight[:, :, 0, 0], x) + layer.bias[:, None, None]
+        )
+
+    q, k = conv1x1(paa.query, d), conv1x1(paa.key, e)
+    m = conv1x1(paa.modulation, torch.relu(q + k))
+    assert torch.allclose(paa(d, e), q * m, atol=1e-6)
+
+
+def test_paa_unet_changes_the_decoder_and_every_paa_weight_learns():
+    torch.manual_seed(0)
+    plain, paa = PAAUNet(1, 3, paa=False), PAAUNet(1, 3)
+    missing = paa.load_state_dict(plain.state_dict(), strict=False).missing_keys
+    assert missing and all(k.startswith("paa.") for k in missing)
+    x = torch.randn(2, 1, 32, 32)
+    out = paa.eval().forward_features(x)
+    assert not torch.allclose(out.logits, plain.eval()(x))
+    assert [tuple(f.shape[1:]) for f in out.decoder] == [
+        (128, 4, 4),
+        (64, 8, 8),
+        (32, 16, 16),
+        (16, 32, 32),
+    ]
+    paa.train()
+    F.cross_entropy(paa(x), torch.randint(0, 3, (2, 32, 32))).backward()
+    for n, p in paa.paa.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, n
+
+
+def test_three_dimensional_unet_backbone_runs():
+    spec, data = toy_federation(2, num_classes=3, labels="full", ndim=3, size=16)
+    cls = get_method("fedvc")
+    method = cls(cls.Config(), spec)
+    sim = Simulation(method, data, TrainSettings(rounds=1, local_iters=1, batch_size=2), seed=0)
+    record = sim.round(0)
+    assert all(math.isfinite(v) for m in record["clients"].values() for v in m.values())
+    ev = sim.evaluate({"fg": [1, 2]})
+    assert all(0.0 <= v["metrics"]["dsc"]["fg"] <= 1.0 for v in ev.values())

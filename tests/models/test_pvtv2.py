@@ -1,5 +1,6 @@
 """PVTv2-b0: timm's parameter count, shapes, gradients, and loading ImageNet checkpoints."""
 
+import math
 import re
 
 import pytest
@@ -110,3 +111,21 @@ def test_bad_checkpoints_are_refused_naming_the_field(tmp_path):
         parse_model({"name": "pvtv2_fpn", "weights": str(path)}).build(3, 2, 2)
     with pytest.raises(ConfigError, match=r"model.weights"):
         parse_model({"name": "pvtv2_fpn", "weights": str(tmp_path / "none.pth")}).build(3, 2, 2)
+
+
+def test_spatial_reduction_attention_matches_the_formula():
+    torch.manual_seed(0)
+    blk = PVTv2(3).stages[1].blocks[0].attn  # 64 channels, 2 heads, reduction 4
+    h = w = 8
+    x = torch.randn(2, h * w, 64)
+    grid = blk.sr(x.transpose(1, 2).reshape(2, 64, h, w)).flatten(2).transpose(1, 2)
+    src = blk.norm(grid)
+    q, k, v = blk.q(x), *blk.kv(src).chunk(2, dim=-1)
+    heads = []
+    for i in range(2):
+        sl = slice(32 * i, 32 * (i + 1))
+        a = torch.softmax(q[..., sl] @ k[..., sl].transpose(1, 2) / math.sqrt(32), dim=-1)
+        heads.append(a @ v[..., sl])
+    want = blk.proj(torch.cat(heads, dim=-1))
+    assert src.shape[1] == (h // 4) * (w // 4)
+    assert torch.allclose(blk(x, h, w), want, atol=1e-5)
