@@ -111,3 +111,18 @@ def test_joint_schedule_trains_head_and_body_together_and_keeps_head_local():
 def test_joint_schedule_rejects_phase_lengths():
     with pytest.raises(ValueError, match="schedule: alternating only"):
         get_method("fedrep").Config(schedule="joint", head_iters=2)
+
+
+def test_phases_default_to_one_round_of_steps_under_local_epochs():
+    sim = _sim()
+    sim.train = TrainSettings(rounds=2, local_epochs=1, batch_size=4, augment=False)
+    iters = []
+    original = sim.method.local_train
+
+    def spy(model, ctx, **kw):
+        iters.append(kw["iters"])
+        return original(model, ctx, **kw)
+
+    sim.method.local_train = spy
+    _step(sim, "site1")  # 10 samples, batch 4: 3 steps per pass
+    assert iters == [3, 3]

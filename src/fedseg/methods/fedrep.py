@@ -49,7 +49,7 @@ class FedRep(FedAvg):
     count. The head never leaves the site.
 
     ``schedule: joint`` trains head and body together instead (one phase of
-    ``train.local_iters`` steps), as the segmentation reference code of FedDP and the
+    round's steps), as the segmentation reference code of FedDP and the
     virtual-class paper (jcwang123/PFL-Seg-Trans ``--fl fedrep``) does.
 
     ``wss: dual_decoder`` adds FedLPPA's auxiliary decoder; its head is local as well.
@@ -63,11 +63,13 @@ class FedRep(FedAvg):
 
         schedule: Literal["alternating", "joint"] = "alternating"
         """``alternating``: head phase then body phase (the paper); ``joint``: head and body
-        trained together for ``train.local_iters`` steps (PFL-Seg-Trans)."""
+        trained together for one round's steps (PFL-Seg-Trans)."""
         head_iters: int | None = Field(None, ge=0)
-        """Head-only optimiser steps per round, body frozen (default: ``train.local_iters``)."""
+        """Head-only optimiser steps per round, body frozen (default: one round's steps,
+        ``train.local_iters`` or ``local_epochs`` passes)."""
         body_iters: int | None = Field(None, ge=0)
-        """Body-only optimiser steps per round, head frozen (default: ``train.local_iters``)."""
+        """Body-only optimiser steps per round, head frozen (default: one round's steps,
+        ``train.local_iters`` or ``local_epochs`` passes)."""
 
         @model_validator(mode="after")
         def _some_training(self) -> FedRep.Config:
@@ -78,7 +80,7 @@ class FedRep(FedAvg):
             ):
                 raise ValueError(
                     "head_iters / body_iters apply to schedule: alternating only; "
-                    "schedule: joint trains train.local_iters steps"
+                    "schedule: joint trains one round's steps"
                 )
             return self
 
@@ -93,8 +95,8 @@ class FedRep(FedAvg):
             return self.local_train(model, ctx)
         head = set(self.parts(model).private)
         body = {n for n, _ in model.named_parameters()} - head
-        n_head = ctx.train.local_iters if cfg.head_iters is None else cfg.head_iters
-        n_body = ctx.train.local_iters if cfg.body_iters is None else cfg.body_iters
+        n_head = ctx.steps() if cfg.head_iters is None else cfg.head_iters
+        n_body = ctx.steps() if cfg.body_iters is None else cfg.body_iters
         metrics: dict[str, float] = {}
         for phase, names, iters in (("head", head, n_head), ("body", body, n_body)):
             if iters == 0:
