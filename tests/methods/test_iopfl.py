@@ -125,8 +125,9 @@ def test_transforms_are_inverted_exactly():
 def test_bad_settings_and_incomplete_uploads_are_refused():
     spec, _ = toy_federation(2)
     cls = get_method("iopfl")
+    wrong = cls(cls.Config(unseen=("nowhere",)), spec)
     with pytest.raises(ConfigError, match=r"method\.unseen: unknown sites \['nowhere'\]"):
-        cls(cls.Config(unseen=("nowhere",)), spec)
+        wrong.init_server(wrong.build_model())
     with pytest.raises(ConfigError, match="at least one site"):
         cls(cls.Config(unseen=("site0", "site1")), spec)
     sim = _sim(3, unseen=("site2",))

@@ -218,11 +218,6 @@ class IOPFL(FedAvg):
         model: ModelConfig | None = None,
     ) -> None:
         super().__init__(config, spec, model)
-        unknown = sorted(set(config.unseen) - set(self.spec.site_names))
-        if unknown:
-            raise ConfigError(
-                f"method.unseen: unknown sites {unknown}; sites: {self.spec.site_names}"
-            )
         if len(config.unseen) >= len(self.spec.sites):
             raise ConfigError("method.unseen: at least one site must train in the federation")
 
@@ -239,14 +234,25 @@ class IOPFL(FedAvg):
     def download_template(self, model: nn.Module) -> Template:
         out = super().download_template(model)
         if self.config.unseen:
+            # by index: a Flower site knows the other sites only by their index
             sd = model.state_dict()
-            for s in self.spec.sites:
-                if self._seen(s.name):
-                    out |= {
-                        f"{EXPERT}.{s.index}.{k}": TensorSpec(tuple(v.shape), v.dtype, True)
-                        for k, v in sd.items()
-                    }
+            for i in range(len(self.spec.sites)):
+                out |= {
+                    f"{EXPERT}.{i}.{k}": TensorSpec(tuple(v.shape), v.dtype, True)
+                    for k, v in sd.items()
+                }
         return out
+
+    # -- initial state ----------------------------------------------------------------------
+    def init_server(self, model: nn.Module) -> ServerResult:
+        """FedAvg's initial payloads, after checking ``unseen`` against the site names (only
+        the server knows them all)."""
+        unknown = sorted(set(self.config.unseen) - set(self.spec.site_names))
+        if unknown:
+            raise ConfigError(
+                f"method.unseen: unknown sites {unknown}; sites: {self.spec.site_names}"
+            )
+        return super().init_server(model)
 
     # -- steps ------------------------------------------------------------------------------
     def client_step(self, payload: Payload, state: State, ctx: ClientContext) -> ClientResult:
