@@ -47,8 +47,8 @@ def test_dual_level_embeddings_on_harmofl_unet():
     assert sorted(post) == ["enc2", "enc3", "enc4"]
     assert [m.gamma.numel() for m in post.values()] == [64, 128, 256]
     # fusion: shallow level + deepest level -> 256 channels (code: 288/320/384 -> 256)
-    assert [c.in_channels for c in net.enc_fusion] == [288, 320, 384]
-    assert [c.in_channels for c in net.dec_fusion] == [384, 320, 288]
+    assert [c.in_channels for c in net.fusion["enc"]] == [288, 320, 384]
+    assert [c.in_channels for c in net.fusion["dec"]] == [384, 320, 288]
     logits, emb = net.embed(torch.randn(2, 3, 32, 32))
     assert logits.shape == (2, 2, 32, 32)
     assert emb["enc"].shape == (2, 768, 32, 32)  # full resolution
@@ -163,8 +163,11 @@ def test_table3_prototype_counts_and_communication():
     assert records[0]["clients"]["site0"]["l_contra"] == 0
     assert all(m["l_contra"] > 0 and m["l_consis"] > 0 for m in records[1]["clients"].values())
     assert sim.params["upload"] == sum(p.numel() for p in sim.model.parameters())
-    _, one_branch = _run(rounds=1, branches=["enc"])
+    one, one_branch = _run(rounds=1, branches=["enc"])
     assert {m["prototypes"] for m in one_branch[0]["clients"].values()} == {2.0}
+    assert list(one.model.fusion) == ["enc"]  # no decoder fusion weights travel
+    dec_fusion = sum(p.numel() for p in sim.model.fusion["dec"].parameters())
+    assert one.params["upload"] == sim.params["upload"] - dec_fusion
 
 
 def test_table2_switches_disable_the_right_parts():

@@ -71,24 +71,34 @@ def _widths(net: UNet) -> list[int]:
 
 
 class FedBCSNet(nn.Module):
-    """A UNet (with FSR in its encoder, if any) plus the CDPA fusion convolutions.
+    """A UNet (with FSR in its encoder, if any) plus the CDPA fusion convolutions of the
+    chosen ``branches``.
 
     ``forward`` is the UNet's; :meth:`embed` also returns the fused pixel embeddings of the
     encoder branch (at enc1's resolution) and the decoder branch (at dec<L-2>'s resolution),
     each ``(L - 2) * fusion_dim`` channels.
     """
 
-    def __init__(self, backbone: UNet, fusion_dim: int | None = None) -> None:
+    def __init__(
+        self,
+        backbone: UNet,
+        fusion_dim: int | None = None,
+        branches: Sequence[Branch] = ("enc", "dec"),
+    ) -> None:
         super().__init__()
         widths = _widths(backbone)
         if len(widths) < 3:
             raise ConfigError(f"fedbcs: CDPA needs a UNet with >= 3 levels, got {len(widths)}")
         levels = widths[:-1]  # enc1 .. enc<L-1> (dec1 .. dec<L-1> have the same widths)
         deep, dim = levels[-1], fusion_dim or levels[-1]
-        ndim = backbone.ndim
+        shallow = {"enc": levels[:-1], "dec": levels[-2::-1]}  # enc1.., dec<L-2>..dec1
         self.backbone = backbone
-        self.enc_fusion = nn.ModuleList(conv(ndim, w + deep, dim, 1) for w in levels[:-1])
-        self.dec_fusion = nn.ModuleList(conv(ndim, w + deep, dim, 1) for w in levels[-2::-1])
+        self.fusion = nn.ModuleDict(
+            {
+                b: nn.ModuleList(conv(backbone.ndim, w + deep, dim, 1) for w in shallow[b])
+                for b in branches
+            }
+        )
         self.embed_dim = dim * (len(levels) - 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -98,14 +108,13 @@ class FedBCSNet(nn.Module):
         return self.backbone.forward_features(x)
 
     def embed(self, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """``(logits, {"enc": [B, E, *S_enc1], "dec": [B, E, *S_dec<L-2>]})``."""
+        """``(logits, {"enc": [B, E, *S_enc1], "dec": [B, E, *S_dec<L-2>]})`` (the chosen
+        branches)."""
         out = self.backbone.forward_features(x)
         enc = out.encoder[:-1]  # enc1 .. enc<L-1>; the bottleneck is not used
         dec = out.decoder  # dec<L-1> .. dec1
-        return out.logits, {
-            "enc": _fuse(enc[:-1], enc[-1], self.enc_fusion),
-            "dec": _fuse(dec[1:], dec[0], self.dec_fusion),
-        }
+        maps = {"enc": (enc[:-1], enc[-1]), "dec": (dec[1:], dec[0])}
+        return out.logits, {b: _fuse(*maps[b], convs) for b, convs in self.fusion.items()}
 
 
 def _fuse(
@@ -239,7 +248,7 @@ class FedBCS(Method):
                 )
             for k in levels:
                 net.encoder.post[f"enc{k}"] = FSR(widths[k - 1], cfg.fsr_gate, cfg.fsr_temperature)
-        return FedBCSNet(net, cfg.fusion_dim) if cfg.cdpa else net
+        return FedBCSNet(net, cfg.fusion_dim, cfg.branches) if cfg.cdpa else net
 
     def _dim(self, model: nn.Module) -> int:
         return model.embed_dim if isinstance(model, FedBCSNet) else 0
