@@ -126,3 +126,30 @@ def test_last_parameters_and_bad_keys():
     prev, glob = _states()
     with pytest.raises(ConfigError, match="model parameters"):
         train_weights(model, prev, glob, {"1.running_mean": torch.ones(3)}, _batches(), _mse)
+
+
+def test_adam_update_steps_every_weight_by_eta_in_the_gradient_sign_direction():
+    """Adam's first step is eta * sign(gradient) (up to eps), whatever the gradient's scale:
+    this is what makes eta the size of a step of W rather than a scale of a tiny gradient."""
+    prev, glob = _states()
+    keys = ["2.weight", "2.bias"]
+    w0 = init_weights(glob, keys)
+    w0["2.weight"].fill_(0.5)
+    ref = _model(2)
+    ref.load_state_dict(merge(prev, glob, w0), strict=False)
+    ref.train()
+    x, y = next(_batches())
+    grads = torch.autograd.grad(_mse(ref, x, y), [ref[2].weight, ref[2].bias])
+    res = train_weights(_model(2), prev, glob, w0, _batches(), _mse, eta=0.01, update="adam")
+    for k, g in zip(keys, grads, strict=True):
+        gw = g * (glob[k] - prev[k])
+        expect = (w0[k] - 0.01 * torch.sign(gw)).clamp(0, 1)
+        torch.testing.assert_close(res.weights[k], expect, atol=1e-6, rtol=0)
+    assert (res.weights["2.weight"] != 0.5).all()  # every element moved by 0.01
+    many = train_weights(
+        _model(2), prev, glob, w0, _batches(), _mse, eta=0.01, steps=4, update="adam"
+    )
+    moved = (many.weights["2.weight"] - 0.5).abs()
+    assert moved.max() <= 4 * 0.011 and moved.min() > 0  # Adam steps are about eta
+    with pytest.raises(ConfigError, match="sgd or adam"):
+        train_weights(_model(2), prev, glob, w0, _batches(), _mse, update="rmsprop")

@@ -1,3 +1,4 @@
+import dataclasses
 import math
 
 import pytest
@@ -8,8 +9,8 @@ from fedseg.engine.sites import client_context
 from fedseg.errors import ConfigError
 from fedseg.methods import Payload, ServerContext, TrainSettings, get_method
 from fedseg.methods.aggregate import weighted_average
-from fedseg.methods.fedlppa import FedLPPAConfig, aux_mixing
-from fedseg.models.tdf import prompt_affinity
+from fedseg.methods.fedlppa import FedLPPAConfig, aux_mixing, la_statistics
+from fedseg.models.tdf import asp_planes, prompt_affinity
 from fedseg.testing import toy_federation
 
 FAST = TrainSettings(rounds=2, local_iters=2, batch_size=4, augment=False)
@@ -175,6 +176,9 @@ def test_config_validation():
         FedLPPAConfig(tdf=False)
     with pytest.raises(ValueError, match="mix_low"):
         FedLPPAConfig(mix_low=0.9, mix_high=0.8)
+    with pytest.raises(ValueError, match=r"la_eta 1\.0 with la_update adam"):
+        FedLPPAConfig(la_eta=1.0)
+    FedLPPAConfig(la_update="sgd", la_eta=1.0)
     FedLPPAConfig(tdf=False, aux_strategy="fixed_order")
     spec, _ = toy_federation(2, size=32)
     with pytest.raises(ConfigError, match="image size"):
@@ -186,7 +190,7 @@ def test_config_validation():
 
 def test_simulation_trains_persists_la_weights_and_evaluates():
     spec, sites = toy_federation(3, size=32)
-    method = _method(spec, la_eta=1e4, la_max_iters=2, la_iters=0)
+    method = _method(spec, la_update="sgd", la_eta=1e4, la_max_iters=2, la_iters=0)
     sim = Simulation(method, sites, FAST.model_copy(update={"rounds": 3, "local_iters": 1}), seed=0)
     records = [sim.round(0), sim.round(1)]
     after1 = {n: {k: v.clone() for k, v in s["la"].items()} for n, s in sim.states.items()}
@@ -201,7 +205,97 @@ def test_simulation_trains_persists_la_weights_and_evaluates():
             assert torch.equal(v, after1[name][k])
     aff = torch.tensor(records[-1]["server"]["affinity"])
     assert aff.shape == (3, 3) and torch.allclose(torch.diag(aff), torch.ones(3))
+    server = [rec["server"] for rec in records]
+    assert server[0]["affinity_change"] == 0 == server[0]["affinity_drift"]
+    first = torch.tensor(server[0]["affinity"])
+    assert server[2]["affinity_drift"] == pytest.approx(float((aff - first).abs().max()))
+    before = torch.tensor(server[1]["affinity"])
+    assert server[2]["affinity_change"] == pytest.approx(float((aff - before).abs().max()))
+    for c in records[1]["clients"].values():  # LA ran: its weights and shares are logged
+        assert 0 <= c["la_main_min"] <= c["la_main_mean"] <= 1
+        assert 0 <= c["la_aux_local_share"] <= 1 and 0 <= c["la_main_local_share"] <= 1
     results = sim.evaluate(regions={"fg": [1]})
     for res in results.values():
         assert res["cases"] == 4 and 0 <= res["metrics"]["dsc"]["fg"] <= 1
     assert all(math.isfinite(c["loss"]) for rec in records for c in rec["clients"].values())
+
+
+# -- fidelity fixes (issue 12) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("labels", ["weak", "full"])
+def test_full_labels_give_every_site_the_all_zero_prompt(labels):
+    """``data.labels: full`` on a weakly annotated federation: the sites keep their weak
+    annotation in the spec, but they train on full masks, so their ASP is all zeros."""
+    spec, sites = toy_federation(3, size=32)
+    spec = dataclasses.replace(spec, labels=labels)
+    method = _method(spec)
+    for name, site in sites.items():
+        model, _ = _step(
+            method,
+            sites,
+            method.init_server(method.build_model()).payloads[name],
+            method.init_client(method.build_model(), site.spec),
+            name=name,
+        )
+        want = asp_planes(None if labels == "full" else site.spec.sparsity)
+        assert site.spec.sparsity is not None
+        torch.testing.assert_close(model.tdf.asp, want)
+        ctx = client_context(
+            site, spec, FAST, round_index=1, seed=0, model=model, device=torch.device("cpu")
+        )
+        evaluated = method.eval_model(method.init_server(model).payloads[name], {}, ctx)
+        torch.testing.assert_close(evaluated.tdf.asp, want)
+        assert bool(want.any()) == (labels == "weak")
+
+
+def test_la_learning_rate_rule():
+    """la_eta None: the round's train lr (poly schedule) with adam, 1.0 with sgd."""
+    spec, sites = toy_federation(2, size=32)
+    train = FAST.model_copy(update={"lr": 0.01, "rounds": 4})
+    ctx = client_context(
+        sites["site0"],
+        spec,
+        train,
+        round_index=2,
+        seed=0,
+        model=_method(spec).build_model(),
+        device=torch.device("cpu"),
+    )
+    assert _method(spec)._la_eta(ctx) == pytest.approx(0.01 * (1 - 2 / 4) ** 0.9)
+    assert _method(spec, la_update="sgd")._la_eta(ctx) == 1.0
+    assert _method(spec, la_eta=0.05)._la_eta(ctx) == 0.05
+
+
+def test_default_la_moves_weights_by_the_learning_rate_not_by_the_gradient_scale():
+    """With the default (adam at the run's lr) the settling LA moves the weights by up to
+    lr per step; the plain step with eta 1 leaves them near 1 (issue 12)."""
+    spec, sites = toy_federation(2, size=32)
+    train = FAST.model_copy(update={"lr": 0.01, "rounds": 2, "local_iters": 2})
+    moved = {}
+    for update in ("adam", "sgd"):
+        method = _method(spec, la_update=update, la_max_iters=5, la_iters=0)
+        sim = Simulation(method, sites, train, seed=0)
+        sim.round(0)
+        rec = sim.round(1)
+        eta = rec["clients"]["site0"]["la_eta"]
+        w = torch.cat([v.flatten() for v in sim.states["site0"]["la"].values()])
+        steps = rec["clients"]["site0"]["la_steps"]
+        assert steps == 5 and w.min() >= 0 and w.max() <= 1
+        if update == "adam":
+            assert eta == pytest.approx(0.01 * (1 - 1 / 2) ** 0.9)
+            assert (1 - w).max() <= steps * eta * 1.1
+        moved[update] = float((1 - w).mean())
+    assert moved["adam"] > 100 * moved["sgd"]
+
+
+def test_la_statistics_local_share():
+    prev = {"decoder.a": torch.tensor([1.0, 2.0]), "aux_decoder.a": torch.tensor([0.0, 3.0])}
+    glob = {"decoder.a": torch.tensor([0.0, 0.0]), "aux_decoder.a": torch.tensor([0.0, 3.0])}
+    w = {"decoder.a": torch.tensor([0.5, 0.5]), "aux_decoder.a": torch.tensor([0.0, 1.0])}
+    stats = la_statistics(prev, glob, w)
+    assert stats["la_main_mean"] == 0.5 and stats["la_main_min"] == 0.5
+    assert stats["la_main_local_share"] == pytest.approx(0.5)  # halfway back to its own
+    assert stats["la_aux_local_share"] == 0.0  # nothing of its own to keep
+    w["decoder.a"] = torch.zeros(2)
+    assert la_statistics(prev, glob, w)["la_main_local_share"] == pytest.approx(1.0)

@@ -33,6 +33,10 @@ API
       (each the loss of the pass's last batch) drops below ``tol`` (needs more than
       ``window`` passes), at most ``max_steps`` steps.
     - ``settled`` says whether the loss settled (``False`` when ``max_steps`` was hit).
+    - ``update="adam"`` replaces the plain step by an Adam step on the same gradient
+      (``dL/dmerged * (glob - prev)``; moments start at 0 in every call, betas (0.9, 0.999),
+      eps 1e-8, no weight decay), so ``eta`` is the size of a step of ``W`` whatever the
+      scale of the gradient; ``W`` is clipped to ``[0, 1]`` after every step either way.
     - Skipped (``steps == 0``, ``skipped=True``) when ``glob == prev`` on every weighted key,
       e.g. in the first round: the gradient of ``W`` would be zero.
     - Only ``W`` is trained; model buffers (BN statistics) are restored afterwards, so the
@@ -56,6 +60,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from torch import nn
@@ -141,8 +146,11 @@ def train_weights(
     window: int = 10,
     tol: float = 0.1,
     pass_steps: int = 1,
+    update: Literal["sgd", "adam"] = "sgd",
 ) -> LAResult:
     """Train the aggregation weights on local batches; see the module docstring."""
+    if update not in ("sgd", "adam"):
+        raise ConfigError(f"learnable aggregation: update must be sgd or adam, got {update!r}")
     params = dict(model.named_parameters())
     missing = [k for k in weights if k not in params or k not in glob or k not in prev]
     if missing:
@@ -170,17 +178,25 @@ def train_weights(
     losses: list[float] = []
     pass_losses: list[float] = []
     settled = False
+    moments = (
+        {k: (torch.zeros_like(v), torch.zeros_like(v)) for k, v in w.items()}
+        if update == "adam"
+        else {}
+    )
     n = 0
     while n < budget:
         images, labels = next(batches)
         loss = loss_fn(model, images, labels)
         grads = torch.autograd.grad(loss, chosen, allow_unused=True)
+        n += 1
         with torch.no_grad():
             for k, p, g in zip(keys, chosen, grads, strict=True):
                 if g is not None:
-                    w[k] = (w[k] - eta * g.float() * diff[k]).clamp_(0.0, 1.0)
+                    grad_w = g.float() * diff[k]
+                    if update == "adam":
+                        grad_w = _adam_direction(grad_w, *moments[k], n)
+                    w[k] = (w[k] - eta * grad_w).clamp_(0.0, 1.0)
                 p.copy_((base[k] + diff[k] * w[k]).to(p.dtype))
-        n += 1
         losses.append(float(loss.detach()))
         if settle and n % pass_steps == 0:
             pass_losses.append(losses[-1])
@@ -193,6 +209,13 @@ def train_weights(
     model.train(was_training)
     merged = merge(prev, glob, w)
     return LAResult({k: v.to(out_dev) for k, v in w.items()}, merged, n, losses, settled)
+
+
+def _adam_direction(grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor, t: int) -> torch.Tensor:
+    """Adam's bias-corrected step direction at step ``t`` (updates the moments in place)."""
+    m.mul_(0.9).add_(grad, alpha=0.1)
+    v.mul_(0.999).addcmul_(grad, grad, value=0.001)
+    return (m / (1 - 0.9**t)) / ((v / (1 - 0.999**t)).sqrt() + 1e-8)
 
 
 def train_weights_by_pass(

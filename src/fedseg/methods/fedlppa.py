@@ -42,7 +42,7 @@ from fedseg.models.fedlppa_net import FedLPPANet
 from fedseg.models.registry import ModelConfig
 from fedseg.models.tdf import Fusion, prompt_affinity
 
-__all__ = ["FedLPPA", "FedLPPAConfig", "aux_mixing"]
+__all__ = ["FedLPPA", "FedLPPAConfig", "aux_mixing", "la_statistics"]
 
 AuxStrategy = Literal["random", "fixed_order", "highest_similarity", "similarity_aggregated"]
 MAIN, AUX = ("decoder.", "mlp."), "aux_decoder."
@@ -72,8 +72,14 @@ class FedLPPAConfig(MethodConfig):
     """Lower bound of lambda_m ~ U(mix_low, mix_high) (Eq. 14)."""
     mix_high: float = Field(1.0, ge=0, le=1)
     """Upper bound of lambda_m."""
-    la_eta: float = Field(1.0, ge=0)
-    """Learning rate of the aggregation weights (Eqs. 12-13)."""
+    la_update: Literal["adam", "sgd"] = "adam"
+    """How the aggregation weights step (Eqs. 12-13): ``adam``, the optimiser the paper uses
+    for its learnable parameters (Sec. IV-B), or ``sgd``, the literal plain step of Eq. 12
+    (FedALA's and the authors' code)."""
+    la_eta: float | None = Field(None, ge=0)
+    """Learning rate of the aggregation weights; ``None`` follows the rule of
+    docs/methods/fedlppa.md: the round's ``train`` learning rate (schedule included) with
+    ``adam``, 1.0 (FedALA's value) with ``sgd``."""
     la_iters: int = Field(2, ge=0)
     """Weight-training steps per round after the first (settling) LA."""
     la_max_iters: int = Field(50, ge=1)
@@ -89,6 +95,12 @@ class FedLPPAConfig(MethodConfig):
     def _check(self) -> FedLPPAConfig:
         if "ddp" not in self.prompts or len(set(self.prompts)) != len(self.prompts):
             raise ValueError(f"prompts must contain 'ddp' once, got {list(self.prompts)}")
+        if self.la_update == "adam" and self.la_eta is not None and self.la_eta > 0.1:
+            raise ValueError(
+                f"la_eta {self.la_eta} with la_update adam moves every LA weight (in [0, 1]) by "
+                "up to la_eta per step; 1.0 is the plain-gradient value of FedALA: use "
+                "la_update: sgd for it, or la_eta: null for the paper's learning rate"
+            )
         if self.mix_low > self.mix_high:
             raise ValueError(f"mix_low must be <= mix_high, got {self.mix_low} > {self.mix_high}")
         if self.pd and not self.tdf and "similarity" in self.aux_strategy:
@@ -97,6 +109,31 @@ class FedLPPAConfig(MethodConfig):
                 "use random or fixed_order without the TDF"
             )
         return self
+
+
+def la_statistics(
+    prev: Mapping[str, torch.Tensor],
+    glob: Mapping[str, torch.Tensor],
+    weights: Mapping[str, torch.Tensor],
+) -> dict[str, float]:
+    """Per decoder (``main``: decoder + MLP, ``aux``): the mean and minimum LA weight and
+    ``local_share``, how much of the site's own difference from what the server sent the
+    merge keeps, ``||(prev - glob) * (1 - W)|| / ||prev - glob||`` (0: the server's decoder,
+    1: the site's own)."""
+    out = {}
+    for name, prefixes in (("main", MAIN), ("aux", (AUX,))):
+        keys = [k for k in weights if k.startswith(prefixes)]
+        if not keys:
+            continue
+        w = torch.cat([weights[k].float().flatten() for k in keys])
+        d = torch.cat([(prev[k].to(w.device) - glob[k].to(w.device)).flatten() for k in keys])
+        share = float((d * (1 - w)).norm() / d.norm()) if d.norm() > 0 else 0.0
+        out |= {
+            f"la_{name}_mean": float(w.mean()),
+            f"la_{name}_min": float(w.min()),
+            f"la_{name}_local_share": share,
+        }
+    return out
 
 
 def _derangement(n: int, gen: torch.Generator) -> list[int]:
@@ -210,6 +247,17 @@ class FedLPPA(Method):
             raise ConfigError(f"FedLPPA needs its FedLPPANet, got {type(model).__name__}")
         return model
 
+    @staticmethod
+    def asp_sparsity(ctx: ClientContext) -> str | None:
+        """The sparsity the site's ASP encodes: its annotation's, or ``None`` (the all-zero
+        prompt of full masks) when the run trains on full masks (``data.labels: full``)."""
+        return None if ctx.spec.labels == "full" else ctx.site.sparsity
+
+    def _la_eta(self, ctx: ClientContext) -> float:
+        if self.cfg.la_eta is not None:
+            return self.cfg.la_eta
+        return ctx.lr() if self.cfg.la_update == "adam" else 1.0
+
     def _loss(self, ctx: ClientContext, log: dict[str, float]) -> LossFn:
         if not self.cfg.pd:
             return segmentation_loss(ctx)
@@ -245,7 +293,7 @@ class FedLPPA(Method):
     def client_step(self, payload: Payload, state: State, ctx: ClientContext) -> ClientResult:
         c, model, site = self.cfg, self._net(ctx.model), ctx.site
         model.load_state_dict(payload.tensors)
-        model.set_site(site.index, site.sparsity)
+        model.set_site(site.index, self.asp_sparsity(ctx))
         log: dict[str, float] = {}
         loss = self._loss(ctx, log)
         metrics: dict[str, float] = {}
@@ -259,15 +307,16 @@ class FedLPPA(Method):
                 state["la"],
                 ctx.batches,
                 lambda m, x, y: loss(m(x), y),
-                eta=c.la_eta,
+                eta=self._la_eta(ctx),
                 steps=c.la_iters,
                 settle=first,
                 max_steps=c.la_max_iters,
                 window=c.la_window,
                 tol=c.la_tol,
+                update=c.la_update,
             )
-            w = torch.cat([v.flatten() for v in res.weights.values()])
-            metrics |= {"la_steps": float(res.steps), "la_weight_mean": float(w.mean())}
+            metrics |= {"la_steps": float(res.steps), "la_eta": self._la_eta(ctx)}
+            metrics |= la_statistics(state["decoders"], payload.tensors, res.weights)
             new_state = {"la": res.weights, "la_started": not first or not res.skipped}
             log.clear()
         metrics |= train_steps(model, ctx, loss_fn=loss)
@@ -302,6 +351,12 @@ class FedLPPA(Method):
             slots = [s.index for s in ctx.spec.sites]  # DDP slot of each site, in site order
             aff = prompt_affinity(glob["tdf.ddp"], glob.get("tdf.ukp"))[slots][:, slots]
             metrics |= {"affinity": aff.tolist(), "affinity_sites": names}
+            first, last = state.get("affinity_first", aff), state.get("affinity_last", aff)
+            metrics |= {
+                "affinity_change": float((aff - last).abs().max()),
+                "affinity_drift": float((aff - first).abs().max()),
+            }
+            state = {**state, "affinity_first": first, "affinity_last": aff}
         if not self.cfg.pd:
             payload = Payload(glob)
             return ServerResult(dict.fromkeys(names, payload), state, metrics)
@@ -315,6 +370,7 @@ class FedLPPA(Method):
             self.cfg.aux_include_self,
         )
         metrics["aux_weights"] = mix.tolist()
+        metrics["aux_self_weight"] = float(mix.diagonal().mean())
         dec_keys = [k for k in glob if k.startswith(MAIN[0])]
         payloads = {}
         for i, name in enumerate(names):
@@ -334,5 +390,5 @@ class FedLPPA(Method):
         if self.cfg.la and state.get("decoders"):
             merged = merge(state["decoders"], self._personal(payload.tensors), state["la"])
             model.load_state_dict(merged, strict=False)
-        model.set_site(ctx.site.index, ctx.site.sparsity)
+        model.set_site(ctx.site.index, self.asp_sparsity(ctx))
         return model
