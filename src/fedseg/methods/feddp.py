@@ -32,11 +32,11 @@ from fedseg.methods.registry import register_method
 from fedseg.methods.training import segmentation_loss
 from fedseg.models.registry import ModelConfig, parse_model
 
-__all__ = ["FedDP", "disagreement", "uncertainty_weighted_bce"]
+__all__ = ["FedDP", "disagreement", "per_site", "uncertainty_weighted_bce"]
 
 UPLOAD = "query."
 """Prefix of a site's own query tensors in its last-round upload (IGC only)."""
-PEER = "peer"
+PEER = "peer."
 """Prefix of every site's queries in the final payload: ``peer.<site index>.<key>``."""
 
 
@@ -156,7 +156,7 @@ class FedDP(FedAvg):
         out = super().download_template(model)
         if self.igc:
             for i in range(len(self.spec.sites)):
-                out |= {f"{PEER}.{i}.{k}": s for k, s in self._queries(model).items()}
+                out |= {f"{PEER}{i}.{k}": s for k, s in self._queries(model).items()}
         return out
 
     def _last_round(self, r: int, rounds: int) -> bool:
@@ -178,7 +178,7 @@ class FedDP(FedAvg):
             for s, u in uploads.items():
                 i = ctx.spec.site(s).index
                 glob |= {
-                    f"{PEER}.{i}.{k.removeprefix(UPLOAD)}": v
+                    f"{PEER}{i}.{k.removeprefix(UPLOAD)}": v
                     for k, v in u.tensors.items()
                     if k.startswith(UPLOAD)
                 }
@@ -188,7 +188,7 @@ class FedDP(FedAvg):
     # -- stage 2 ---------------------------------------------------------------------------
     def eval_model(self, payload: Payload, state: State, ctx: ClientContext) -> nn.Module:
         cfg, model = self.config, ctx.model
-        peers = peer_queries(payload)
+        peers = per_site(payload, PEER)
         self.load(
             model,
             Payload({k: v for k, v in payload.tensors.items() if not k.startswith(PEER)}),
@@ -216,11 +216,12 @@ class FedDP(FedAvg):
         return model
 
 
-def peer_queries(payload: Payload) -> dict[int, dict[str, torch.Tensor]]:
-    """``{site index: {query key: tensor}}`` of the sites whose queries ``payload`` carries."""
+def per_site(payload: Payload, prefix: str) -> dict[int, dict[str, torch.Tensor]]:
+    """``{site index: {key: tensor}}`` of the tensors ``<prefix><site index>.<key>`` that
+    ``payload`` carries, in site order."""
     out: dict[int, dict[str, torch.Tensor]] = {}
     for k, v in payload.tensors.items():
-        if k.startswith(PEER + "."):
-            index, key = k.removeprefix(PEER + ".").split(".", 1)
+        if k.startswith(prefix):
+            index, key = k.removeprefix(prefix).split(".", 1)
             out.setdefault(int(index), {})[key] = v
     return dict(sorted(out.items()))

@@ -27,6 +27,7 @@ from fedseg.methods.base import (
     TensorSpec,
 )
 from fedseg.methods.fedavg import FedAvg
+from fedseg.methods.feddp import per_site
 from fedseg.methods.registry import register_method
 from fedseg.models.registry import ModelConfig
 
@@ -38,7 +39,7 @@ __all__ = [
     "update_trajectory",
 ]
 
-EXPERT = "expert"
+EXPERT = "expert."
 """Prefix of the trajectories an unseen site receives: ``expert.<site index>.<key>``."""
 
 
@@ -238,7 +239,7 @@ class IOPFL(FedAvg):
             sd = model.state_dict()
             for i in range(len(self.spec.sites)):
                 out |= {
-                    f"{EXPERT}.{i}.{k}": TensorSpec(tuple(v.shape), v.dtype, True)
+                    f"{EXPERT}{i}.{k}": TensorSpec(tuple(v.shape), v.dtype, True)
                     for k, v in sd.items()
                 }
         return out
@@ -280,7 +281,7 @@ class IOPFL(FedAvg):
         payloads = {s.name: inside for s in ctx.spec.sites if self._seen(s.name)}
         if self.config.unseen:
             experts = {
-                f"{EXPERT}.{ctx.spec.site(s).index}.{k}": v
+                f"{EXPERT}{ctx.spec.site(s).index}.{k}": v
                 for s, t in trajs.items()
                 for k, v in t.items()
             }
@@ -296,7 +297,7 @@ class IOPFL(FedAvg):
             model.load_state_dict(state.get("traj", glob))
             return model
         model.load_state_dict(glob)
-        experts = expert_models(payload)
+        experts = per_site(payload, EXPERT)
         if not experts or self.config.tta_epochs == 0:
             return model  # before the first round: the initial global model
         return self.adapt(
@@ -332,13 +333,3 @@ class IOPFL(FedAvg):
                 opt.step()
         routed.requires_grad_(False)
         return routed
-
-
-def expert_models(payload: Payload) -> dict[int, dict[str, torch.Tensor]]:
-    """``{site index: trajectory state dict}`` carried by an unseen site's payload."""
-    out: dict[int, dict[str, torch.Tensor]] = {}
-    for k, v in payload.tensors.items():
-        if k.startswith(EXPERT + "."):
-            index, key = k.removeprefix(EXPERT + ".").split(".", 1)
-            out.setdefault(int(index), {})[key] = v
-    return dict(sorted(out.items()))
