@@ -3,6 +3,7 @@ metrics, shared vs private codebook, and 2-round 3D federated runs in-process an
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from pathlib import Path
@@ -135,6 +136,17 @@ def test_encoder_gets_task_gradient_only_through_the_straight_through_estimator(
     # the projection feeds only the quantiser: its gradient must pass the arg-min via STE
     assert net.synergy.project.weight.grad.abs().sum() > 0
     assert net.synergy.quantizer.codebook.weight.grad is None
+
+
+def test_no_grad_forwards_record_nothing_and_the_network_deep_copies():
+    net = parse_model(TINY).build(1, 2, 2)
+    x = torch.randn(2, 1, 16, 16)
+    net(x)  # a training forward: its loss waits for train_steps
+    assert net.synergy.quantizer.pop_auxiliary_loss() is not None
+    with torch.no_grad():
+        net(x)
+    assert net.synergy.quantizer.pop_auxiliary_loss() is None
+    copy.deepcopy(net)  # e.g. MOON's and MetaFed's model copies
 
 
 def test_perplexity():

@@ -14,6 +14,9 @@ from fedseg.methods.base import ClientContext
 __all__ = [
     "AuxiliaryLoss",
     "LossFn",
+    "add_auxiliary",
+    "auxiliary_metrics",
+    "auxiliary_modules",
     "make_optimizer",
     "restore_optimizer_state",
     "save_optimizer_state",
@@ -34,6 +37,28 @@ class AuxiliaryLoss(Protocol):
 
     def auxiliary_metrics(self) -> dict[str, float]:
         """Statistics of the forwards whose term was popped since the last call (then reset)."""
+
+
+def auxiliary_modules(model: nn.Module) -> list[AuxiliaryLoss]:
+    """The :class:`AuxiliaryLoss` sub-modules of ``model`` (none for the UNet)."""
+    return [m for m in model.modules() if isinstance(m, AuxiliaryLoss)]
+
+
+def add_auxiliary(loss: torch.Tensor, modules: Iterable[AuxiliaryLoss]) -> torch.Tensor:
+    """``loss`` plus every module's term of its last forward. A method with its own step
+    loop (not :func:`train_steps`) calls this after each forward to train with the terms."""
+    for m in modules:
+        if (term := m.pop_auxiliary_loss()) is not None:
+            loss = loss + term
+    return loss
+
+
+def auxiliary_metrics(modules: Iterable[AuxiliaryLoss]) -> dict[str, float]:
+    """The modules' metrics since their last report (e.g. codebook perplexity)."""
+    out: dict[str, float] = {}
+    for m in modules:
+        out |= m.auxiliary_metrics()
+    return out
 
 
 def make_optimizer(
@@ -121,16 +146,13 @@ def train_steps(
     )
     opt = make_optimizer(chosen, ctx)
     restore_optimizer_state(opt, _owner(model), ctx)
-    aux = [m for m in model.modules() if isinstance(m, AuxiliaryLoss)]
+    aux = auxiliary_modules(model)
     model.train()
     n = ctx.steps() if iters is None else iters
     total = 0.0
     for _ in range(n):
         images, labels = next(ctx.batches)
-        loss = loss_fn(model(images), labels)
-        for m in aux:
-            if (term := m.pop_auxiliary_loss()) is not None:
-                loss = loss + term
+        loss = add_auxiliary(loss_fn(model(images), labels), aux)
         if regularizer is not None:
             loss = loss + regularizer()
         opt.zero_grad(set_to_none=True)
@@ -138,10 +160,7 @@ def train_steps(
         opt.step()
         total += float(loss.detach())
     save_optimizer_state(opt, _owner(model), ctx)
-    metrics = {"loss": total / max(n, 1)}
-    for m in aux:
-        metrics |= m.auxiliary_metrics()
-    return metrics
+    return {"loss": total / max(n, 1)} | auxiliary_metrics(aux)
 
 
 def _owner(model: nn.Module) -> nn.Module:

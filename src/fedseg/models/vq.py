@@ -7,8 +7,10 @@ takes it with :meth:`VectorQuantizer.pop_auxiliary_loss` (the auxiliary-loss hoo
 :func:`fedseg.methods.training.train_steps`), which also tallies the codes used, reported as
 perplexity and dead codes by :meth:`VectorQuantizer.auxiliary_metrics`.
 
-The codebook is an ordinary parameter updated by the optimiser through the codebook term
-(no EMA), so every federated method aggregates it like any other weight.
+Forwards under ``torch.no_grad()`` (evaluation, validation, feature passes) record nothing,
+so the network can be deep-copied after them. The codebook is an ordinary parameter updated
+by the optimiser through the codebook term (no EMA), so every federated method aggregates it
+like any other weight.
 """
 
 from __future__ import annotations
@@ -67,8 +69,9 @@ class VectorQuantizer(nn.Module):
         flat = z.movedim(1, -1).reshape(-1, z.shape[1])
         idx = self.codes(flat.detach())
         q = self.codebook(idx)
-        loss = F.mse_loss(q, flat.detach()) + self.beta * F.mse_loss(flat, q.detach())
-        self._last = (self.weight * loss, torch.bincount(idx, minlength=self.num_codes))
+        if torch.is_grad_enabled():  # a forward that can be trained on (never under no_grad)
+            loss = F.mse_loss(q, flat.detach()) + self.beta * F.mse_loss(flat, q.detach())
+            self._last = (self.weight * loss, torch.bincount(idx, minlength=self.num_codes))
         out = flat + (q - flat).detach()  # straight-through: d out / d z = identity
         return out.reshape(*z.shape[:1], *z.shape[2:], z.shape[1]).movedim(-1, 1)
 
