@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -449,3 +452,18 @@ def test_import_folder_refuses_an_unreadable_image(tmp_path):
     code, text = _import_folder(tmp_path / "src", tmp_path / "out")
     assert code == 2 and f"{site / 'images' / 'img1.png'}: cannot be read" in text, text
     _no_output(tmp_path / "out")
+
+
+@pytest.mark.parametrize("which", ["sample", "weak label"])
+def test_a_pipe_in_place_of_a_file_does_not_hang_the_check(fed, tmp_path, which):
+    path = _sample(fed) if which == "sample" else _weak(fed)
+    path.unlink()
+    os.mkfifo(path)  # reading it would block forever
+    check = "from fedseg.data.cli import app; app()"
+    args = [sys.executable, "-c", check, "check", str(fed), "--labels", "weak"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    text = done.stdout + done.stderr
+    assert done.returncode == 1 and "Traceback" not in text, text
+    folder = path.parent.parent if which == "weak label" else path.parent
+    expected = "manifest says" if which == "sample" else f"weak labels missing for {path.stem}"
+    assert any(str(folder) in line and expected in line for line in text.splitlines()), text

@@ -81,6 +81,9 @@ def test_synth_without_weak_labels_and_errors(tmp_path: Path) -> None:
     )
     assert "SITE=VALUE" in run("weak-labels", root, "--annotation", "A", code=2)
     assert "does not exist" in run("check", tmp_path / "nowhere", code=2)
+    assert "--batch-size must be at least 1, got 0" in run(
+        "check", root, "--batch-size", "0", code=2
+    )
 
 
 def test_import_commands(tmp_path: Path) -> None:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -110,3 +113,35 @@ def test_bad_arguments_and_mismatches(fed_copy: Path) -> None:
     np.savez(sample, image=np.zeros((3, 16, 16), np.float32), mask=np.zeros((32, 32), np.uint8))
     with pytest.raises(DataError, match=f"{sample.name}: image shape must be"):
         fed.load("A", "train")
+
+
+def _writer(out: Path) -> FederationWriter:
+    return FederationWriter(
+        out, task="t", class_names=["bg", "fg"], modality="x", channels=1, spatial_shape=(8, 8)
+    )
+
+
+def test_writer_shows_the_federation_only_when_finished(tmp_path: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f".out.partial-{dead.pid}-0a0b"  # left by a killed import
+    live = tmp_path / f".out.partial-{os.getpid()}-0c0d"  # an import still running
+    stale.mkdir(), live.mkdir()
+    image, mask = np.zeros((1, 8, 8), np.float32), np.zeros((8, 8), np.uint8)
+    w = _writer(tmp_path / "out")
+    assert not stale.exists() and live.exists()
+    w.add("A", "train", "a", image, mask)
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(DataError, match=r"A/train/a: sample id 'a' occurs twice in A/train"):
+        w.add("A", "train", "a", image, mask)
+    with pytest.raises(DataError, match=r"A/train/b: mask must hold whole class numbers"):
+        w.add("A", "train", "b", image, mask + 0.5)
+    w.finish({"A": "full"})
+    assert FederatedDataset.open(tmp_path / "out").check() == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == [live.name, "out"]
+
+    too_bright = r"x.png: image values must lie in \[-1000, 1000\]"
+    with pytest.raises(DataError, match=too_bright), _writer(tmp_path / "new") as w:
+        w.add("A", "train", "a", image, mask)
+        w.add("A", "train", "b", image + 4000, mask, origin="x.png")
+    assert not (tmp_path / "new").exists() and not list(tmp_path.glob(".new.*"))

@@ -185,7 +185,7 @@ def _check_split(
         spacing[f"{split}/{sid}"] = "spacing" in arrays
     weak_dir = folder / "weak"
     if weak_dir.is_dir():
-        weak_ids = {p.stem for p in weak_dir.glob("*.npy")}
+        weak_ids = {p.stem for p in weak_dir.glob("*.npy") if p.is_file()}
         orphans = sorted(weak_ids - set(ids))
         if orphans:
             problems.append(Problem(weak_dir, f"weak labels without a sample: {_ids(orphans)}"))

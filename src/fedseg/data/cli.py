@@ -188,6 +188,8 @@ def check(
     with handled():
         if labels not in ("full", "weak"):
             raise DataError(f"--labels must be 'full' or 'weak', got {labels!r}")
+        if batch_size is not None and batch_size < 1:
+            raise DataError(f"--batch-size must be at least 1, got {batch_size}")
         fed = FederatedDataset.open(root)
         problems = fed.check(batch_size=batch_size, labels=labels)  # type: ignore[arg-type]
     if not problems:

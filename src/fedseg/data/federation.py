@@ -50,9 +50,10 @@ def weak_path(root: Path, site: str, split: str, sample_id: str) -> Path:
 
 
 def sample_ids(root: Path, site: str, split: str) -> list[str]:
-    """Sorted sample ids (``<id>.npz`` stems) of a split; [] when the folder is missing."""
+    """Sorted sample ids (``<id>.npz`` regular files: a pipe would block reading) of a split;
+    [] when the folder is missing."""
     folder = sample_dir(root, site, split)
-    return sorted(p.stem for p in folder.glob("*.npz")) if folder.is_dir() else []
+    return sorted(p.stem for p in folder.glob("*.npz") if p.is_file()) if folder.is_dir() else []
 
 
 def read_npz(path: Path) -> dict[str, np.ndarray]:

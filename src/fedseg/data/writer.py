@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import secrets
 import shutil
@@ -56,9 +57,10 @@ class FederationWriter:
 
     Every sample is checked against the on-disk contract (docs/data.md) as it is added, and the
     error names ``origin`` (the source file) when given. Everything is written into a hidden
-    sibling folder that :meth:`finish` moves into ``root``, so a failed import leaves ``root``
-    untouched (an existing federation is replaced only then). Use the writer as a context
-    manager to remove the sibling as soon as writing fails (it is removed at exit anyway).
+    sibling folder (``.<root>.partial-<pid>-<random>``) that :meth:`finish` moves into ``root``,
+    so a failed import leaves ``root`` untouched (an existing federation is replaced only then).
+    Use the writer as a context manager to remove the sibling as soon as writing fails (it is
+    removed at exit anyway, and by the next writer into ``root`` if the process was killed).
     """
 
     def __init__(
@@ -95,7 +97,9 @@ class FederationWriter:
         )
         """The settings as a one-site manifest, to check samples against."""
         self.root.parent.mkdir(parents=True, exist_ok=True)
-        self.staging = self.root.parent / f".{self.root.name}.partial-{secrets.token_hex(4)}"
+        _remove_stale(self.root)
+        tag = f"{os.getpid()}-{secrets.token_hex(4)}"
+        self.staging = self.root.parent / f".{self.root.name}.partial-{tag}"
         self.staging.mkdir()
         self._discard = weakref.finalize(self, shutil.rmtree, self.staging, ignore_errors=True)
 
@@ -219,6 +223,25 @@ class FederationWriter:
             os.replace(self.staging / name, self.root / name)
         shutil.rmtree(old)
         self.discard()
+
+
+def _remove_stale(root: Path) -> None:
+    """Remove the hidden folders of writes into ``root`` whose process was killed (its pid,
+    part of the folder name, is gone); those of live processes are left alone."""
+    for folder in root.parent.glob(f".{glob.escape(root.name)}.partial-*"):
+        pid = folder.name.rsplit("-", 2)[-2]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
 
 
 def _whole(where: str, what: str, label: np.ndarray) -> np.ndarray:

@@ -120,6 +120,7 @@ def _site_files(site: Path) -> list[Path]:
         p
         for split in ("train", "test")
         for p in sorted((site / split).glob("*.h5"), key=lambda q: natural_key(q.name))
+        if p.is_file()
     ]
     if not (site / "train").is_dir():
         raise DataError(f"{site}: expected a train/ folder (and test/) of .h5 files")
