@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from fedseg.engine.simulation import Simulation
+from fedseg.errors import ConfigError
 from fedseg.methods import Payload, ServerContext, TrainSettings, get_method
 from fedseg.methods.alignment import train_with_terms
 from fedseg.methods.clustered_prototypes import FeatureView
@@ -109,6 +110,14 @@ def test_prototypes_only_leaves_weights_unaveraged():
         assert all(
             torch.equal(model_sd[k], sim.states[s]["weights"][k].to(model_sd[k])) for k in own[0]
         )
+
+
+def test_unknown_feature_level_names_the_field():
+    spec, _ = toy_federation(2)
+    cls = get_method("fedproto")
+    method = cls(cls.Config(level="dec9"), spec)
+    with pytest.raises(ConfigError, match=r"method\.level 'dec9'"):
+        method.upload_template(method.build_model())
 
 
 @pytest.mark.parametrize("bad", [{"weight": -1.0}, {"prototype_average": "median"}])

@@ -20,6 +20,7 @@ import torch
 from pydantic import PositiveInt
 from torch import nn
 
+from fedseg.errors import ConfigError
 from fedseg.methods.aggregate import weighted_average
 from fedseg.methods.base import (
     ClientContext,
@@ -76,6 +77,8 @@ def feature_dim(model: nn.Module, spec: FederationSpec, level: str) -> int:
     try:
         with torch.no_grad():
             _, feats = named_features(model, x, [level])
+    except ConfigError as e:
+        raise ConfigError(f"method.level {level!r}: {e}") from None
     finally:
         model.train(was_training)
     return int(feats[level].shape[1])
