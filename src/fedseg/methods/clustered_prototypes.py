@@ -1,7 +1,7 @@
-"""Shared pieces of the FedBCS comparison's clustered-prototype baselines (FedContrast,
-FedPLVM): class-balanced pixel sampling, a multi-positive prototype InfoNCE (with FedPLVM's
-optional alpha power), seeded k-means, aggregation weights, and a base method that trains on a
-feature level with a prototype loss and collects features in an ordered pass afterwards.
+"""Shared pieces of the FedBCS comparison's prototype baselines (FedContrast, FedPLVM; MOON,
+FedProto, FPL and FedUV use them too): class-balanced pixel sampling, a multi-positive
+prototype InfoNCE (with FedPLVM's optional alpha power), seeded k-means, aggregation weights,
+a ``(logits, features)`` view of a network and an ordered feature pass.
 
 A pixel of the chosen feature map (default ``dec1``, the UNet's full-resolution penultimate
 decoder map, the segmentation analogue of the classifiers' penultimate features) is a sample.
@@ -9,32 +9,23 @@ decoder map, the segmentation analogue of the classifiers' penultimate features)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
-from typing import ClassVar, Literal
+from collections.abc import Iterator, Mapping
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field, PositiveFloat, PositiveInt
 from torch import nn
 
-from fedseg.errors import ConfigError
-from fedseg.methods.aggregate import sample_weights, weighted_average
-from fedseg.methods.base import (
-    ClientContext,
-    Method,
-    MethodConfig,
-    Payload,
-)
+from fedseg.methods.aggregate import sample_weights
+from fedseg.methods.base import ClientContext, Payload
 from fedseg.methods.prototypes import resize_labels
-from fedseg.methods.training import segmentation_loss, train_steps
 from fedseg.models.features import named_features
 
 __all__ = [
-    "ClusteredPrototypeConfig",
-    "ClusteredPrototypeMethod",
     "FeatureView",
     "Weighting",
     "aggregation_weights",
+    "feature_pass",
     "kmeans",
     "prototype_infonce",
     "sample_pixels",
@@ -133,7 +124,8 @@ def kmeans(
         if torch.equal(new, assign):
             break
         assign = new
-    return centroids.float(), torch.bincount(assign, minlength=k)
+    members = torch.cdist(x, centroids).argmin(1)  # membership under the returned centroids
+    return centroids.float(), torch.bincount(members, minlength=k)
 
 
 class FeatureView(nn.Module):
@@ -149,89 +141,15 @@ class FeatureView(nn.Module):
         return logits, feats[self.level]
 
 
-class ClusteredPrototypeConfig(MethodConfig):
-    """Settings shared by the clustered-prototype baselines."""
-
-    level: str = "dec1"
-    """Feature map whose pixels are the samples (a UNet feature name, or a sub-module name)."""
-    pixels: PositiveInt = 4096
-    """Pixels per class per batch that enter the prototype loss (class-balanced cap)."""
-    weight: float = Field(1.0, ge=0)
-    """Weight of the prototype loss added to the segmentation loss."""
-    tau: PositiveFloat = 0.1
-    """InfoNCE temperature."""
-    weighting: Weighting = "samples"
-    """Model averaging: ``samples`` (FedBCS's protocol) or ``uniform``."""
-
-
-PrototypeLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-"""``(pixel features [P, D], classes [P]) -> loss``."""
-
-
-class ClusteredPrototypeMethod(Method):
-    """All weights are shared and averaged (:func:`aggregation_weights`); payloads carry extra
-    tensors whose names start with one of ``EXTRA``. Subclasses add the prototypes."""
-
-    EXTRA: ClassVar[tuple[str, ...]] = ()
-    config: ClusteredPrototypeConfig
-
-    def weights(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The model weights among payload ``tensors`` (without the prototype tensors)."""
-        return {k: v for k, v in tensors.items() if not k.startswith(self.EXTRA)}
-
-    def feature_dim(self, model: nn.Module) -> int:
-        """Channels of the feature map ``level`` (one probe forward pass, cached)."""
-        dim = getattr(self, "_dim", None)
-        if dim is None:
-            s, level = self.spec, self.config.level
-            probe = torch.zeros(2, s.in_channels, *(32,) * s.ndim)
-            was = model.training
-            model.eval()
-            try:
-                with torch.no_grad():
-                    _, feats = named_features(model, probe, [level])
-            except ConfigError as e:
-                raise ConfigError(f"method.level {level!r}: {e}") from None
-            finally:
-                model.train(was)
-            dim = self._dim = int(feats[self.config.level].shape[1])
-        return dim
-
-    def average_weights(self, uploads: Mapping[str, Payload]) -> dict[str, torch.Tensor]:
-        """Averaged model weights of ``uploads`` under ``weighting``."""
-        w = aggregation_weights(uploads, self.config.weighting)
-        first = next(iter(uploads.values()))
-        return weighted_average(uploads, w, keys=self.weights(first.tensors))
-
-    def train_round(self, ctx: ClientContext, loss: PrototypeLoss | None) -> dict[str, float]:
-        """Local training: segmentation loss plus ``weight * loss`` on the class-balanced
-        pixel sample of every batch (``loss=None``: segmentation loss only)."""
-        cfg, spec = self.config, ctx.spec
-        seg = segmentation_loss(ctx)
-        proto_total = [0.0, 0]
-
-        def total(out: tuple[torch.Tensor, torch.Tensor], labels: torch.Tensor) -> torch.Tensor:
-            logits, feats = out
-            value = seg(logits, labels)
-            if loss is None or cfg.weight == 0:
-                return value
-            f, y = sample_pixels(feats, labels, spec.num_classes, cfg.pixels, ctx.generator)
-            extra = loss(f, y)
-            proto_total[0] += float(extra.detach())
-            proto_total[1] += 1
-            return value + cfg.weight * extra
-
-        metrics = train_steps(FeatureView(ctx.model, cfg.level), ctx, total)  # type: ignore[arg-type]
-        metrics["proto_loss"] = proto_total[0] / max(proto_total[1], 1)
-        return metrics
-
-    def feature_pass(self, ctx: ClientContext) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """``(features [B, D, *S], labels)`` of one ordered, un-augmented pass over the site's
-        training data, in eval mode and without gradients (FedPLVM's extra pass)."""
-        model = ctx.model
-        model.eval()
-        with torch.no_grad():
-            for images, labels in ctx.ordered_batches():
-                _, feats = named_features(model, images, [self.config.level])
-                yield feats[self.config.level].detach(), labels
-        model.train()
+def feature_pass(
+    model: nn.Module, ctx: ClientContext, level: str
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """``(features [B, D, *S] at level, labels)`` of one ordered, un-augmented pass over the
+    site's training data, in eval mode and without gradients (FedPLVM's extra pass after
+    local training); the model is back in training mode afterwards."""
+    model.eval()
+    with torch.no_grad():
+        for images, labels in ctx.ordered_batches():
+            _, feats = named_features(model, images, [level])
+            yield feats[level].detach(), labels
+    model.train()

@@ -9,10 +9,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
-from pydantic import Field, PositiveInt
+from pydantic import Field, PositiveFloat, PositiveInt
 from torch import nn
 
 from fedseg.errors import ConfigError
+from fedseg.methods.alignment import AlignmentConfig, AlignmentMethod, train_with_terms
 from fedseg.methods.base import (
     ClientContext,
     ClientResult,
@@ -25,8 +26,8 @@ from fedseg.methods.base import (
     TensorSpec,
 )
 from fedseg.methods.clustered_prototypes import (
-    ClusteredPrototypeConfig,
-    ClusteredPrototypeMethod,
+    FeatureView,
+    feature_pass,
     kmeans,
     prototype_infonce,
     sample_pixels,
@@ -53,7 +54,7 @@ def allocate_prototypes(total: int, num_classes: int) -> list[int]:
 
 
 @register_method("fedcontrast")
-class FedContrast(ClusteredPrototypeMethod):
+class FedContrast(AlignmentMethod):
     """FedAvg plus local clustered prototypes and prototype contrast.
 
     After local training each site runs one ordered pass, samples pixel features per class
@@ -68,8 +69,8 @@ class FedContrast(ClusteredPrototypeMethod):
     Contrastive Learning and Global Process-Aware Aggregation", MICCAI 2023.
     """
 
-    class Config(ClusteredPrototypeConfig):
-        """FedContrast settings."""
+    class Config(AlignmentConfig):
+        """FedContrast settings (``level``, ``pixels``, ``weighting``: see AlignmentConfig)."""
 
         prototypes: PositiveInt = 9
         """Local prototypes per site (FedBCS Table 3: 9), split over the classes."""
@@ -82,9 +83,13 @@ class FedContrast(ClusteredPrototypeMethod):
         """Weight of the contrast with the site's own prototypes of its previous round."""
         inter_weight: float = Field(1.0, ge=0)
         """Weight of the contrast with the other sites' prototypes."""
+        weight: float = Field(1.0, ge=0)
+        """Weight of the whole prototype loss added to the segmentation loss."""
+        tau: PositiveFloat = 0.1
+        """InfoNCE temperature."""
 
     config: Config
-    EXTRA = ("protos", "peers")
+    extra_names = ("protos", "protos.count", "peers", "peers.label")
     summary = (
         "FedContrast: FedAvg + 9 k-means pixel prototypes per site (FedBCS Table 3), "
         "intra- and inter-client prototype InfoNCE"
@@ -112,13 +117,13 @@ class FedContrast(ClusteredPrototypeMethod):
         n = len(self.proto_classes)
         return {
             **super().upload_template(model),
-            **prototype_spec("protos", n, self.feature_dim(model)),
+            **prototype_spec("protos", n, self.dim(model)),
         }
 
     def download_template(self, model: nn.Module) -> Template:
         return {
             **super().download_template(model),
-            "peers": TensorSpec((None, self.feature_dim(model)), torch.float32),
+            "peers": TensorSpec((None, self.dim(model)), torch.float32),
             "peers.label": TensorSpec((None,), torch.int64),
         }
 
@@ -126,7 +131,7 @@ class FedContrast(ClusteredPrototypeMethod):
         out = super().init_server(model)
         first = next(iter(out.payloads.values()))
         empty = {
-            "peers": torch.zeros(0, self.feature_dim(model)),
+            "peers": torch.zeros(0, self.dim(model)),
             "peers.label": torch.zeros(0, dtype=torch.long),
         }
         glob = Payload({**first.tensors, **empty})
@@ -139,14 +144,20 @@ class FedContrast(ClusteredPrototypeMethod):
         peers = (payload.tensors["peers"], payload.tensors["peers.label"])
         own = self._nonempty(state["own"], state["own.count"]) if "own" in state else None
 
-        def loss(f: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        active = cfg.weight > 0 and (len(peers[0]) > 0 or own is not None)
+
+        def terms(
+            _: torch.Tensor, feats: torch.Tensor, labels: torch.Tensor
+        ) -> dict[str, torch.Tensor]:
+            if not active:
+                return {}
+            f, y = sample_pixels(feats, labels, ctx.spec.num_classes, cfg.pixels, ctx.generator)
             value = cfg.inter_weight * prototype_infonce(f, y, *peers, cfg.tau)
             if own is not None:
                 value = value + cfg.intra_weight * prototype_infonce(f, y, *own, cfg.tau)
-            return value
+            return {"proto_loss": cfg.weight * value}
 
-        active = len(peers[0]) > 0 or own is not None
-        metrics = self.train_round(ctx, loss if active else None)
+        metrics = train_with_terms(FeatureView(ctx.model, cfg.level), ctx, terms)
         protos, counts = self.local_prototypes(ctx)
         upload, private = self.split(ctx.model)
         upload |= prototype_tensors("protos", protos, counts)
@@ -159,11 +170,11 @@ class FedContrast(ClusteredPrototypeMethod):
         features of one ordered pass; rows of clusters that got no member are zero."""
         cfg, k = self.config, ctx.spec.num_classes
         pools: list[list[torch.Tensor]] = [[] for _ in range(k)]
-        for feats, labels in self.feature_pass(ctx):
+        for feats, labels in feature_pass(ctx.model, ctx, cfg.level):
             f, y = sample_pixels(feats, labels, k, cfg.cluster_pixels, ctx.generator)
             for c in range(k):
                 pools[c].append(f[y == c].float().cpu())
-        dim = self.feature_dim(ctx.model)
+        dim = self.dim(ctx.model)
         rows = torch.zeros(len(self.proto_classes), dim)
         counts = torch.zeros(len(self.proto_classes), dtype=torch.long)
         start = 0
@@ -186,7 +197,7 @@ class FedContrast(ClusteredPrototypeMethod):
     def server_step(
         self, uploads: Mapping[str, Payload], state: State, ctx: ServerContext
     ) -> ServerResult:
-        weights = self.average_weights(uploads)
+        weights = self.average(uploads)
         local = {
             s: self._nonempty(*read_prototypes(u.tensors, "protos")) for s, u in uploads.items()
         }

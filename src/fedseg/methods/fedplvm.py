@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from pydantic import Field, PositiveInt
 from torch import nn
 
+from fedseg.methods.alignment import AlignmentConfig, AlignmentMethod, train_with_terms
 from fedseg.methods.base import (
     ClientContext,
     ClientResult,
@@ -24,9 +25,9 @@ from fedseg.methods.base import (
     TensorSpec,
 )
 from fedseg.methods.clustered_prototypes import (
-    ClusteredPrototypeConfig,
-    ClusteredPrototypeMethod,
+    FeatureView,
     Weighting,
+    feature_pass,
     prototype_infonce,
     sample_pixels,
 )
@@ -81,7 +82,7 @@ def image_class_means(
 
 
 @register_method("fedplvm")
-class FedPLVM(ClusteredPrototypeMethod):
+class FedPLVM(AlignmentMethod):
     """FedAvg plus dual-level clustered prototypes and the alpha-sparsity prototype loss.
 
     After local training each site runs one ordered pass in eval mode and clusters its pixel
@@ -96,8 +97,9 @@ class FedPLVM(ClusteredPrototypeMethod):
     Prototype Learning with Heterogeneous Data Domains", NeurIPS 2024.
     """
 
-    class Config(ClusteredPrototypeConfig):
-        """FedPLVM settings (paper/code defaults alpha 0.25, tau 0.07)."""
+    class Config(AlignmentConfig):
+        """FedPLVM settings (code defaults alpha 0.25, tau 0.07; ``level``, ``pixels``:
+        see AlignmentConfig)."""
 
         alpha: float = Field(0.25, gt=0, le=1)
         """Exponent of the alpha-sparsity similarity ``cos^alpha`` (1: plain InfoNCE)."""
@@ -114,7 +116,14 @@ class FedPLVM(ClusteredPrototypeMethod):
         """``samples`` (FedBCS's protocol) or ``uniform`` (FedPLVM's code, label-iid)."""
 
     config: Config
-    EXTRA = ("local_protos", "global_protos", "mean_protos")
+    extra_names = (
+        "local_protos",
+        "local_protos.label",
+        "global_protos",
+        "global_protos.label",
+        "mean_protos",
+        "mean_protos.count",
+    )
     summary = (
         "FedPLVM: FedAvg + local and global FINCH prototype clustering (variable count per "
         "site), alpha-sparsity prototype loss"
@@ -122,7 +131,7 @@ class FedPLVM(ClusteredPrototypeMethod):
 
     # -- templates -------------------------------------------------------------------------
     def upload_template(self, model: nn.Module) -> Template:
-        d = self.feature_dim(model)
+        d = self.dim(model)
         return {
             **super().upload_template(model),
             "local_protos": TensorSpec((None, d), torch.float32),
@@ -130,7 +139,7 @@ class FedPLVM(ClusteredPrototypeMethod):
         }
 
     def download_template(self, model: nn.Module) -> Template:
-        d = self.feature_dim(model)
+        d = self.dim(model)
         return {
             **super().download_template(model),
             "global_protos": TensorSpec((None, d), torch.float32),
@@ -141,7 +150,7 @@ class FedPLVM(ClusteredPrototypeMethod):
     def init_server(self, model: nn.Module) -> ServerResult:
         out = super().init_server(model)
         first = next(iter(out.payloads.values()))
-        d, k = self.feature_dim(model), self.spec.num_classes
+        d, k = self.dim(model), self.spec.num_classes
         glob = Payload(
             {
                 **first.tensors,
@@ -161,11 +170,18 @@ class FedPLVM(ClusteredPrototypeMethod):
         glob, glob_cls = t["global_protos"], t["global_protos.label"]
         means, counts = t["mean_protos"], t["mean_protos.count"]
 
-        def loss(f: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            sparse = prototype_infonce(f, y, glob, glob_cls, cfg.tau, cfg.alpha)
-            return sparse + correction_loss(f, y, means, counts)
+        active = cfg.weight > 0 and len(glob) > 0
 
-        metrics = self.train_round(ctx, loss if len(glob) else None)
+        def terms(
+            _: torch.Tensor, feats: torch.Tensor, labels: torch.Tensor
+        ) -> dict[str, torch.Tensor]:
+            if not active:
+                return {}
+            f, y = sample_pixels(feats, labels, ctx.spec.num_classes, cfg.pixels, ctx.generator)
+            sparse = prototype_infonce(f, y, glob, glob_cls, cfg.tau, cfg.alpha)
+            return {"proto_loss": cfg.weight * (sparse + correction_loss(f, y, means, counts))}
+
+        metrics = train_with_terms(FeatureView(ctx.model, cfg.level), ctx, terms)
         local, local_cls = self.local_clusters(ctx)
         upload, private = self.split(ctx.model)
         upload |= {"local_protos": local.float().cpu(), "local_protos.label": local_cls.cpu()}
@@ -176,7 +192,7 @@ class FedPLVM(ClusteredPrototypeMethod):
         """``(local cluster centres [M, D], classes [M])`` of one ordered pass."""
         cfg, k = self.config, ctx.spec.num_classes
         points, classes = [], []
-        for feats, labels in self.feature_pass(ctx):
+        for feats, labels in feature_pass(ctx.model, ctx, cfg.level):
             if cfg.cluster_unit == "batch":
                 f, y = sample_pixels(feats, labels, k, cfg.cluster_pixels, ctx.generator)
                 f, y = finch_per_class(f.float().cpu(), y.cpu(), k)
@@ -192,7 +208,7 @@ class FedPLVM(ClusteredPrototypeMethod):
         self, uploads: Mapping[str, Payload], state: State, ctx: ServerContext
     ) -> ServerResult:
         k = self.spec.num_classes
-        weights = self.average_weights(uploads)
+        weights = self.average(uploads)
         local = torch.cat([u.tensors["local_protos"] for u in uploads.values()])
         local_cls = torch.cat([u.tensors["local_protos.label"] for u in uploads.values()])
         glob, glob_cls = finch_per_class(local, local_cls, k)

@@ -33,6 +33,9 @@ from fedseg.methods.base import (
 from fedseg.methods.clustered_prototypes import Weighting, aggregation_weights
 from fedseg.methods.registry import register_method
 from fedseg.methods.training import (
+    add_auxiliary,
+    auxiliary_metrics,
+    auxiliary_modules,
     make_optimizer,
     restore_optimizer_state,
     save_optimizer_state,
@@ -208,7 +211,7 @@ class HarmoFL(Method):
         model = ctx.model
         amp = model.amp_norm if isinstance(model, AmpNormNet) else None
         net = model.net if isinstance(model, AmpNormNet) else model
-        loss_fn = segmentation_loss(ctx)
+        loss_fn, aux = segmentation_loss(ctx), auxiliary_modules(net)
         opt = make_optimizer([p for p in net.parameters() if p.requires_grad], ctx)
         restore_optimizer_state(opt, net, ctx)
         model.train()
@@ -218,13 +221,15 @@ class HarmoFL(Method):
         for _ in range(n):
             images, labels = next(ctx.batches)
             x = images if amp is None else amp(images)
-            total += perturbed_step(
-                opt, lambda x=x, y=labels: loss_fn(net(x), y), self.config.alpha
-            )
+
+            def loss_of(x: torch.Tensor = x, y: torch.Tensor = labels) -> torch.Tensor:
+                return add_auxiliary(loss_fn(net(x), y), aux)
+
+            total += perturbed_step(opt, loss_of, self.config.alpha)
         if amp is not None:
             amp.collect = False
         save_optimizer_state(opt, net, ctx)
-        return {"loss": total / max(n, 1)}
+        return {"loss": total / max(n, 1)} | auxiliary_metrics(aux)
 
     def server_step(
         self, uploads: Mapping[str, Payload], state: State, ctx: ServerContext
