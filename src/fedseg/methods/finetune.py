@@ -3,7 +3,6 @@ loop shared by FedBABU and FedDP (their personalisation step after federation)."
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import replace
 from typing import Literal
 
@@ -39,15 +38,13 @@ def fine_tune(
     ctx: ClientContext,
     cfg: FineTuneConfig,
     *,
-    params: Iterable[nn.Parameter] | None = None,
     objective: nn.Module | None = None,
     loss_fn: LossFn | None = None,
 ) -> dict[str, float]:
     """Train ``model`` in place for :func:`fine_tune_steps` steps at the constant rate
     ``cfg.ft_lr`` (default ``train.lr``) with a fresh optimiser.
 
-    ``params`` defaults to the head (``ft_scope: head``) or every trainable weight of
-    ``model``.
+    Trains the head (``ft_scope: head``) or every trainable weight of ``model``.
     ``objective`` / ``loss_fn`` replace the method's own network view and loss (e.g. a view
     that also returns an ensemble's predictions); both or neither must be given.
     """
@@ -55,9 +52,8 @@ def fine_tune(
         update={"lr": cfg.ft_lr or ctx.train.lr, "lr_schedule": "constant"}
     )
     ft_ctx = replace(ctx, train=train)
-    if params is None:
-        scope = model.get_submodule("decoder.head") if cfg.ft_scope == "head" else model
-        params = [p for p in scope.parameters() if p.requires_grad]
+    scope = model.get_submodule("decoder.head") if cfg.ft_scope == "head" else model
+    params = [p for p in scope.parameters() if p.requires_grad]
     iters = fine_tune_steps(cfg, ctx)
     if objective is None or loss_fn is None:
         if objective is not None or loss_fn is not None:
