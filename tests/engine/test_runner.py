@@ -7,6 +7,7 @@ import torch
 from fedseg.config import parse_config
 from fedseg.engine.runner import InProcessRunner
 from fedseg.errors import ConfigError
+from fedseg.metrics import METRICS
 from fedseg.outputs import write_run_outputs
 
 
@@ -69,7 +70,7 @@ def test_run_writes_run_directory(fed_root, tmp_path):
     assert len(ck["server"]["payloads"]) == 1  # one global payload stored once, not per site
     lines = (run / "cases.csv").read_text().splitlines()
     assert lines[0] == "site,case,id,region,metric,value"
-    assert len(lines) == 1 + sum(on_disk["cases"].values()) * 2 * 6  # 2 regions x 6 metrics
+    assert len(lines) == 1 + sum(on_disk["cases"].values()) * 2 * len(METRICS)  # 2 regions
 
 
 @pytest.mark.parametrize("method", ["fedavg", "local"])
