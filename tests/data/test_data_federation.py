@@ -122,26 +122,32 @@ def _writer(out: Path) -> FederationWriter:
 
 
 def test_writer_shows_the_federation_only_when_finished(tmp_path: Path) -> None:
+    out = tmp_path / "out"
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    stale = tmp_path / f".out.partial-{dead.pid}-0a0b"  # left by a killed import
-    live = tmp_path / f".out.partial-{os.getpid()}-0c0d"  # an import still running
-    stale.mkdir(), live.mkdir()
+    stale = out / f".partial-{dead.pid}-0a0b"  # left by a killed import
+    stale.mkdir(parents=True)
     image, mask = np.zeros((1, 8, 8), np.float32), np.zeros((8, 8), np.uint8)
-    w = _writer(tmp_path / "out")
-    assert not stale.exists() and live.exists()
+    w = _writer(out)
+    assert not stale.exists()
     w.add("A", "train", "a", image, mask)
-    assert not (tmp_path / "out").exists()
+    assert not (out / "sites").exists() and not (out / "manifest.json").exists()
     with pytest.raises(DataError, match=r"A/train/a: sample id 'a' occurs twice in A/train"):
         w.add("A", "train", "a", image, mask)
     with pytest.raises(DataError, match=r"A/train/b: mask must hold whole class numbers"):
         w.add("A", "train", "b", image, mask + 0.5)
     w.finish({"A": "full"})
-    assert FederatedDataset.open(tmp_path / "out").check() == []
-    assert sorted(p.name for p in tmp_path.iterdir()) == [live.name, "out"]
+    assert FederatedDataset.open(out).check() == []
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "sites"]
+
+    live = out / f".partial-{os.getpid()}-0c0d"  # an import into `out` still running
+    live.mkdir()
+    with pytest.raises(DataError, match=r"is not empty"):
+        _writer(out)
+    assert live.exists()
 
     too_bright = r"x.png: image values must lie in \[-1000, 1000\]"
     with pytest.raises(DataError, match=too_bright), _writer(tmp_path / "new") as w:
         w.add("A", "train", "a", image, mask)
         w.add("A", "train", "b", image + 4000, mask, origin="x.png")
-    assert not (tmp_path / "new").exists() and not list(tmp_path.glob(".new.*"))
+    assert not (tmp_path / "new").exists()

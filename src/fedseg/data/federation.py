@@ -1,4 +1,5 @@
-"""Reading a federation folder: ``FederatedDataset.open(root).load(site, split, labels)``."""
+"""Reading a federation folder (``FederatedDataset.open(root).load(site, split, labels)``) and
+the on-disk contract of its files (docs/data.md), shared by the checks, loading and writing."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ WEAK_HINT = "run `fedseg data weak-labels DIR` to generate them"
 MAX_ABS_INTENSITY = 1e3
 """Largest absolute image value accepted. Images hold normalised intensities (the importers
 and synthetic tasks write [0, 1]); anything larger is raw scanner data or garbage."""
-SAMPLE_KEYS = ("image", "mask", "spacing")
+_SAMPLE_KEYS = ("image", "mask", "spacing")
 
 
 def sample_dir(root: Path, site: str, split: str) -> Path:
@@ -68,7 +69,7 @@ def read_npz(path: Path) -> dict[str, np.ndarray]:
         if isinstance(z, np.lib.npyio.NpzFile):
             with z:
                 keys = z.files
-                arrays = {k: z[k] for k in SAMPLE_KEYS if k in keys}
+                arrays = {k: z[k] for k in _SAMPLE_KEYS if k in keys}
         else:
             keys = None
     except Exception as e:  # every way a damaged file fails to parse is that file's problem

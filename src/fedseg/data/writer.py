@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import glob
 import os
 import secrets
 import shutil
@@ -57,10 +56,11 @@ class FederationWriter:
 
     Every sample is checked against the on-disk contract (docs/data.md) as it is added, and the
     error names ``origin`` (the source file) when given. Everything is written into a hidden
-    sibling folder (``.<root>.partial-<pid>-<random>``) that :meth:`finish` moves into ``root``,
-    so a failed import leaves ``root`` untouched (an existing federation is replaced only then).
-    Use the writer as a context manager to remove the sibling as soon as writing fails (it is
-    removed at exit anyway, and by the next writer into ``root`` if the process was killed).
+    folder ``root/.partial-<pid>-<random>`` whose ``sites/`` and manifest :meth:`finish` moves
+    into ``root``, so a failed import leaves ``root`` as it was (absent, or holding the old
+    federation, which is replaced only then). Use the writer as a context manager to remove the
+    hidden folder as soon as writing fails (it is removed at exit anyway, and by the next writer
+    into ``root`` if the process was killed).
     """
 
     def __init__(
@@ -79,7 +79,6 @@ class FederationWriter:
     ) -> None:
         self.root = Path(root)
         self.overwrite = overwrite
-        check_output(self.root, overwrite)
         self.meta = {
             "task": task,
             "class_names": list(class_names),
@@ -96,12 +95,15 @@ class FederationWriter:
             {**self.meta, "sites": [{"name": "probe"}]}, "federation settings"
         )
         """The settings as a one-site manifest, to check samples against."""
-        self.root.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale(self.root)
-        tag = f"{os.getpid()}-{secrets.token_hex(4)}"
-        self.staging = self.root.parent / f".{self.root.name}.partial-{tag}"
-        self.staging.mkdir()
-        self._discard = weakref.finalize(self, shutil.rmtree, self.staging, ignore_errors=True)
+        check_output(self.root, overwrite)
+        created = None if self.root.exists() else self.root
+        self.staging = self.root / f".partial-{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            self.staging.mkdir(parents=True)
+        except OSError as e:
+            raise DataError(f"cannot write into {self.root}: {e.strerror or e}") from None
+        self._discard = weakref.finalize(self, _discard, self.staging, created)
 
     def __enter__(self) -> FederationWriter:
         return self
@@ -209,27 +211,33 @@ class FederationWriter:
 
     def _commit(self) -> None:
         """Move the written federation into ``root``, replacing the one there if allowed."""
-        check_output(self.root, self.overwrite)  # it may have changed while writing
-        if not self.root.is_dir() or not any(self.root.iterdir()):
-            os.replace(self.staging, self.root)
-            self._discard.detach()
-            return
-        old = self.root.parent / f".{self.root.name}.old-{secrets.token_hex(4)}"
+        if not self.overwrite and (self.root / MANIFEST).exists():
+            raise DataError(f"{self.root}: another process wrote a federation here meanwhile")
+        old = self.root / f".old-{os.getpid()}-{secrets.token_hex(4)}"
         old.mkdir()
         for name in _CONTENT:
             if (self.root / name).exists():
                 os.replace(self.root / name, old / name)
         for name in _CONTENT:
-            os.replace(self.staging / name, self.root / name)
+            if (self.staging / name).exists():
+                os.replace(self.staging / name, self.root / name)
         shutil.rmtree(old)
-        self.discard()
+        self._discard.detach()
+        shutil.rmtree(self.staging)
+
+
+def _discard(staging: Path, created: Path | None) -> None:
+    """Remove ``staging`` and the output folder ``created`` for it, if that is empty now."""
+    shutil.rmtree(staging, ignore_errors=True)
+    if created is not None and created.is_dir() and not any(created.iterdir()):
+        created.rmdir()
 
 
 def _remove_stale(root: Path) -> None:
-    """Remove the hidden folders of writes into ``root`` whose process was killed (its pid,
-    part of the folder name, is gone); those of live processes are left alone."""
-    for folder in root.parent.glob(f".{glob.escape(root.name)}.partial-*"):
-        pid = folder.name.rsplit("-", 2)[-2]
+    """Remove the hidden folders of writes into ``root`` whose process was killed (its pid is
+    part of the folder name and gone); those of live processes are left alone."""
+    for folder in root.glob(".partial-*"):
+        pid = folder.name.split("-")[1]
         if pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
 
