@@ -102,7 +102,8 @@ class FedRep(FedAvg):
             if iters == 0:
                 continue
             with trainable_only(model, names) as params:
-                loss = self.local_train(model, ctx, params=params, iters=iters)["loss"]
-            metrics[f"loss_{phase}"] = loss
+                out = self.local_train(model, ctx, params=params, iters=iters)
+            metrics |= {k: v for k, v in out.items() if k != "loss"}  # e.g. codebook usage
+            metrics[f"loss_{phase}"] = out["loss"]
         metrics["loss"] = metrics.get("loss_body", metrics.get("loss_head", 0.0))
         return metrics
