@@ -129,3 +129,16 @@ def test_every_single_byte_flip_or_cut_is_a_data_error_or_a_sample(tmp_path: Pat
         if kind == "npz":
             image_problems(arrays["image"], (1, 6, 6))
     assert refused >= len(raw)  # every cut, at least
+
+
+def test_what_the_contract_allows(fed_copy: Path) -> None:
+    """Compressed archives, any integer mask dtype, z-scored intensities and extra arrays."""
+    path = first_sample(fed_copy)
+    with np.load(path) as z:
+        image, mask = z["image"], z["mask"]
+    zscored = ((image - image.mean()) / image.std() * 3).astype(np.float32)
+    np.savez_compressed(path, image=zscored, mask=mask.astype(np.int32), note=np.arange(3))
+    assert problems(fed_copy) == []
+    split = FederatedDataset.open(fed_copy).load("C", "train")
+    assert np.array_equal(split.images[0].numpy(), zscored)
+    assert np.array_equal(split.masks[0].numpy(), mask)
