@@ -206,7 +206,7 @@ def synthesize(
     ]
     counts = site_sizes(weights, 40 if per_site is None else per_site)
     plans = [split_sizes(n, split) for n in counts]
-    writer = FederationWriter(
+    with FederationWriter(
         Path(out),
         task=task,
         class_names=spec.class_names,
@@ -217,18 +217,19 @@ def synthesize(
         regions=spec.regions,
         source=spec.source,
         overwrite=overwrite,
-    )
-    for i, (name, n, plan) in enumerate(zip(site_names, counts, plans, strict=True)):
-        with _single_thread():
-            images, masks = spec.generate(i, n, size, np.random.default_rng([seed, i]))
-        sp = spec.spacing(site_style(spec.styles, i), size) if spec.spacing else None
-        k = 0
-        for part, count in plan.items():
-            for _ in range(count):
-                writer.add(name, part, f"{name}{k:04d}", images[k], masks[k], spacing=sp)
-                k += 1
-        if progress is not None:
-            progress(i + 1, n_sites)
-    return writer.finish(
-        {name: spec.annotations[i % len(spec.annotations)] for i, name in enumerate(site_names)}
-    )
+    ) as writer:
+        for i, (name, n, plan) in enumerate(zip(site_names, counts, plans, strict=True)):
+            with _single_thread():
+                images, masks = spec.generate(i, n, size, np.random.default_rng([seed, i]))
+            sp = spec.spacing(site_style(spec.styles, i), size) if spec.spacing else None
+            k = 0
+            for part, count in plan.items():
+                for _ in range(count):
+                    writer.add(name, part, f"{name}{k:04d}", images[k], masks[k], spacing=sp)
+                    k += 1
+            if progress is not None:
+                progress(i + 1, n_sites)
+        annotations = {
+            name: spec.annotations[i % len(spec.annotations)] for i, name in enumerate(site_names)
+        }
+        return writer.finish(annotations)
