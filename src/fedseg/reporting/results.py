@@ -10,6 +10,7 @@ __all__ = ["METRIC_LABELS", "fmt", "site_table"]
 METRIC_LABELS = {
     "dsc": "DSC",
     "hd95": "HD95",
+    "hd": "HD",
     "assd": "ASSD",
     "jaccard": "Jaccard",
     "precision": "Precision",
@@ -17,11 +18,15 @@ METRIC_LABELS = {
 }
 
 
+DISTANCES = ("hd95", "hd", "assd")
+"""Metrics in pixels or millimetres (printed as is, not as percent)."""
+
+
 def fmt(value: float, metric: str) -> str:
     """Percent for overlap metrics, two decimals for distances."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
-    return f"{100 * value:.2f}" if metric not in ("hd95", "assd") else f"{value:.2f}"
+    return f"{100 * value:.2f}" if metric not in DISTANCES else f"{value:.2f}"
 
 
 def site_table(results: dict[str, Any], metrics: tuple[str, ...] | None = None) -> str:
