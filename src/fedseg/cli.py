@@ -153,22 +153,37 @@ def methods(pattern: Annotated[str, typer.Argument(help="Shell-style filter.")] 
 @app.command()
 def report(
     run_dirs: Annotated[list[Path], typer.Argument(help="Finished run directories.")],
-    out: Annotated[Path | None, typer.Option(help="Write the Markdown table here.")] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Folder for report.md, report.csv and report.html (a path ending in .md: "
+            "write only that Markdown file)."
+        ),
+    ] = None,
+    metric: Annotated[
+        list[str] | None,
+        typer.Option(help="Metric to tabulate (repeatable; default dsc and hd95)."),
+    ] = None,
 ) -> None:
-    """One comparison table across runs: methods as rows, sites and average as columns."""
-    from fedseg.reporting.compare import comparison_table, load_results
-    from fedseg.reporting.plots import affinity_table, render_run_plots
+    """Compare runs: one row per config (seeds pooled as mean ± std), sites and average as
+    columns, one table per task; warns when rows differ in more than the method."""
+    from fedseg.reporting.compare import build_report, report_markdown
+    from fedseg.reporting.html import write_report
+    from fedseg.reporting.runs import load_run
 
+    metrics = tuple(metric) if metric else None
     try:
-        text = comparison_table([load_results(d) for d in run_dirs])
-        for d in run_dirs:
-            figures = render_run_plots(d)
-            if any(f.name == "affinity.png" for f in figures):
-                text += f"\n### {d}\n\n{affinity_table(d)}"
-            text += "".join(f"\nFigure: {f}\n" for f in figures)
+        rep = build_report([load_run(d) for d in run_dirs])
+        for w in rep.warnings + [w for s in rep.sections for w in s.warnings]:
+            err.print(f"[yellow]warning:[/] {w}", markup=True, highlight=False)
+        if out is not None and out.suffix.lower() != ".md":
+            written = write_report(rep, out, metrics)
+            console.print(f"wrote {', '.join(str(p) for p in written[:3])}")
+            return
+        text = report_markdown(rep, metrics)
     except FedsegError as e:
         fail(e)
-    if out:
+    if out is not None:
         out.write_text(text)
         console.print(f"wrote {out}")
     else:

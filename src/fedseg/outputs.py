@@ -19,7 +19,9 @@ log = logging.getLogger(__name__)
 
 
 def write_run_outputs(run_dir: Path, results: dict[str, Any]) -> list[Path]:
-    """Write ``results.md`` and every figure of the finished run in ``run_dir``."""
+    """Write ``results.md`` and the figures of the finished run in ``run_dir``:
+    ``training_curves.png`` (loss, and validation DSC when evaluated, per site per round)
+    and the method's own figures (affinity map, AAW weights) when its rounds record them."""
     from fedseg.reporting.plots import render_run_plots
     from fedseg.reporting.results import site_table
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -12,6 +13,9 @@ from fedseg.data.manifest import SPLITS
 from fedseg.errors import DataError
 
 __all__ = ["preview"]
+
+BACKGROUND = np.array([0.1, 0.2, 0.5])
+"""Overlay colour of labeled background (class 0)."""
 
 
 def preview(
@@ -24,7 +28,10 @@ def preview(
 ) -> list[Path]:
     """Save one PNG per site (``<out>/<site>.png``, default ``<root>/preview``) showing the
     first ``n`` samples of ``split``: image, full mask and weak label overlays (the weak column
-    is left out for fully annotated sites). 3D samples show their middle slice.
+    is left out for fully annotated sites), with a colour legend of the classes. A box site
+    gets its boxes drawn on the image and, beside them, the label they were converted to
+    for training. 3D samples show their middle slice (its 0-based index ``z`` is in the
+    panel title).
 
     Returns:
         The written PNG paths.
@@ -43,32 +50,40 @@ def preview(
     colours = _palette(m.num_classes)
     written = []
     for done, site in enumerate(m.sites, start=1):
-        weak = site.annotation != "full"
-        data = fed.load(site.name, split, "weak" if weak else "full")
+        data = fed.load(site.name, split, "weak" if site.annotation != "full" else "full")
         count = min(n, len(data))
-        cols = 3 if weak else 2
+        titles = _columns(site.annotation, m.box_conversion)
+        cols = len(titles)
         fig, axes = plt.subplots(
-            max(count, 1), cols, figsize=(2.2 * cols, 2.2 * max(count, 1)), squeeze=False
+            max(count, 1), cols, figsize=(2.2 * cols, 2.2 * max(count, 1) + 0.35), squeeze=False
         )
         for ax in axes.ravel():
             ax.axis("off")
         for row in range(count):
             image = _display_image(data.images[row].numpy())
-            panels = [
-                ("image", None),
-                ("mask", data.masks[row]),
-                (site.annotation, data.labels[row]),
-            ]
-            for col, (title, label) in enumerate(panels[:cols]):
-                shown = image if label is None else _overlay(image, _mid(label.numpy()), colours)
+            mask = data.masks[row].numpy()
+            where = f" (z={mask.shape[0] // 2} of {mask.shape[0]})" if mask.ndim == 3 else ""
+            panels = [image, _overlay(image, _mid(mask), colours)]
+            if site.annotation in ("box", "rotated_box"):
+                panels.append(image)
+                _draw_boxes(axes[row, 2], _mid(mask), site.annotation == "rotated_box", colours)
+            if cols > 2:
+                panels.append(_overlay(image, _mid(data.labels[row].numpy()), colours))
+            for col, shown in enumerate(panels):
                 axes[row, col].imshow(shown)
-                axes[row, col].set_title(
-                    f"{data.ids[row]} {title}" if col == 0 else title, fontsize=7
-                )
+                title = f"{data.ids[row]} {titles[col]}{where}" if col == 0 else titles[col]
+                axes[row, col].set_title(title, fontsize=7)
         if count == 0:
             axes[0, 0].set_title(f"{site.name}: no {split} samples", fontsize=8)
         fig.suptitle(f"{m.task} site {site.name} ({site.annotation})", fontsize=9)
-        fig.tight_layout()
+        fig.legend(
+            handles=_legend(m.class_names, colours),
+            loc="lower center",
+            ncol=min(len(m.class_names) + 1, 4),
+            fontsize=7,
+            frameon=False,
+        )
+        fig.tight_layout(rect=(0, 0.3 / (2.2 * max(count, 1) + 0.35), 1, 1))
         path = folder / f"{site.name}.png"
         fig.savefig(path, dpi=100)
         plt.close(fig)
@@ -76,6 +91,45 @@ def preview(
         if progress is not None:
             progress(done, len(m.sites))
     return written
+
+
+def _columns(annotation: str, box_conversion: str) -> list[str]:
+    """Panel titles of a site's row: image, mask, then what the site is annotated with."""
+    if annotation == "full":
+        return ["image", "full mask"]
+    if annotation in ("box", "rotated_box"):
+        kind = "rotated boxes" if annotation == "rotated_box" else "boxes"
+        return ["image", "full mask", f"{kind} (annotation)", f"{box_conversion} from {kind}"]
+    return ["image", "full mask", f"{annotation} (annotation)"]
+
+
+def _draw_boxes(ax: Any, mask: np.ndarray, rotated: bool, colours: np.ndarray) -> None:
+    """Outline each object's (rotated) box of ``mask`` in its class colour."""
+    import cv2
+    from matplotlib.patches import Polygon
+
+    from fedseg.data.weak import WeakLabelParams
+    from fedseg.data.weak.boxes import boxes_of
+
+    for box in boxes_of(
+        mask, rotated=rotated, min_pixels=WeakLabelParams().min_region_pixels(mask.shape)
+    ):
+        corners = cv2.boxPoints(box.scaled(1.0)) - 0.5
+        ax.add_patch(Polygon(corners, closed=True, fill=False, lw=1.5, ec=colours[box.cls]))
+
+
+def _legend(class_names: list[str], colours: np.ndarray) -> list[Any]:
+    """Legend patches: one per class (background as drawn where labeled) and unlabeled."""
+    from matplotlib.patches import Patch
+
+    shown = [BACKGROUND, *colours[1:]]
+    return [
+        *(
+            Patch(fc=c, ec="k", lw=0.5, label=name)
+            for name, c in zip(class_names, shown, strict=True)
+        ),
+        Patch(fc="none", ec="k", lw=0.5, label="unlabeled (image only)"),
+    ]
 
 
 def _mid(array: np.ndarray) -> np.ndarray:
@@ -103,5 +157,5 @@ def _overlay(image: np.ndarray, label: np.ndarray, colours: np.ndarray) -> np.nd
     out = image.copy()
     for c, colour in enumerate(colours):
         where = label == c
-        out[where] = 0.35 * out[where] + 0.65 * (colour if c else np.array([0.1, 0.2, 0.5]))
+        out[where] = 0.35 * out[where] + 0.65 * (colour if c else BACKGROUND)
     return out

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from fedseg.errors import ConfigError
+from fedseg.reporting.runs import site_facts
 
 __all__ = ["last_affinity", "plot_affinity"]
 
@@ -33,7 +34,9 @@ def last_affinity(run_dir: Path) -> tuple[int, list[list[float]], list[str]]:
 
 def plot_affinity(run_dir: Path, out: Path | None = None) -> Path:
     """Render the last round's affinity matrix of ``run_dir`` to a PNG (default
-    ``run_dir/affinity.png``) and return its path."""
+    ``run_dir/affinity.png``) and return its path. Colours span the matrix's off-diagonal
+    value range (the diagonal, a site's affinity to itself, would flatten the scale); the
+    axes name each site and, when its federation is readable, its annotation type."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -41,16 +44,35 @@ def plot_affinity(run_dir: Path, out: Path | None = None) -> Path:
 
     rnd, matrix, names = last_affinity(run_dir)
     n = len(matrix)
-    fig, ax = plt.subplots(figsize=(1.0 + 0.8 * n, 0.6 + 0.8 * n))
-    im = ax.imshow(matrix, vmin=0.0, vmax=1.0, cmap="viridis")
-    ax.set_xticks(range(n), names, rotation=45, ha="right")
-    ax.set_yticks(range(n), names)
+    facts = site_facts(run_dir)
+    labels = [f"{s}\n({facts[s].annotation})" if s in facts else s for s in names]
+    off = [matrix[i][j] for i in range(n) for j in range(n) if i != j] or [0.0, 1.0]
+    lo, hi = min(off), max(off)
+    if hi - lo < 1e-6:
+        lo, hi = lo - 0.5e-2, hi + 0.5e-2
+    fig, ax = plt.subplots(figsize=(2.4 + 0.9 * n, 1.6 + 0.9 * n))
+    im = ax.imshow(matrix, vmin=lo, vmax=hi, cmap="viridis")
+    ax.set_xticks(range(n), labels, fontsize=8)
+    ax.set_yticks(range(n), labels, fontsize=8)
+    ax.set_xlabel("site")
+    ax.set_ylabel("site")
     for i in range(n):
         for j in range(n):
             v = matrix[i][j]
-            ax.text(j, i, f"{v:.2f}", ha="center", va="center", color="w" if v < 0.6 else "k")
-    ax.set_title(f"prompt affinity, round {rnd + 1}")
-    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+            shade = (min(max(v, lo), hi) - lo) / (hi - lo)
+            ax.text(
+                j,
+                i,
+                f"{v:.3f}",
+                ha="center",
+                va="center",
+                fontsize=8,
+                color="w" if shade < 0.6 else "k",
+            )
+    ax.set_title(
+        f"prompt affinity after round {rnd + 1}\n(colour range {lo:.3f} to {hi:.3f})", fontsize=9
+    )
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04).ax.tick_params(labelsize=8)
     fig.tight_layout()
     target = Path(out) if out is not None else Path(run_dir) / "affinity.png"
     fig.savefig(target, dpi=120)

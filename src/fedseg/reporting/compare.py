@@ -1,48 +1,318 @@
-"""One comparison table across runs, laid out like the papers' Tables II-V."""
+"""Comparison tables across runs, laid out like the papers' tables (``fedseg report``).
+
+Runs are grouped first by task (and evaluated sites): one section per task, so runs of
+different tasks are never put in one table. Within a section, runs whose configs differ
+only in ``seed`` (and engine settings that do not change the numbers) form one row whose
+cells are the mean, and the mean ± sample standard deviation when the row has several
+runs. A row is labelled by the config ``name`` plus the settings that tell it apart from
+the other rows; settings outside ``method`` that differ between rows are reported as a
+warning (the numbers are then not a fair comparison).
+"""
 
 from __future__ import annotations
 
-import json
+import csv
+import io
+import math
+import os
+import statistics
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fedseg.errors import ConfigError
-from fedseg.reporting.results import fmt
+from fedseg.reporting.results import METRIC_LABELS, fmt
+from fedseg.reporting.runs import Run, flat_config, load_run
 
-__all__ = ["comparison_table", "load_results"]
+__all__ = [
+    "IGNORED_KEYS",
+    "Report",
+    "Row",
+    "Section",
+    "build_report",
+    "columns",
+    "comparison_table",
+    "load_results",
+    "report_csv",
+    "report_markdown",
+    "report_metrics",
+    "run_files",
+    "seeds_text",
+    "show_value",
+]
+
+IGNORED_KEYS = (
+    "seed",
+    "eval.every",
+    "eval.batch_size",
+    "engine.device",
+    "engine.threads",
+    "engine.checkpoint_every",
+)
+"""Config keys that do not define a row: seeds are repeats, the rest change only speed
+or what is logged during training."""
+
+
+@dataclass
+class Row:
+    """Runs of one config (all seeds) and the settings that distinguish it in its section."""
+
+    name: str
+    key: tuple[tuple[str, str], ...]
+    runs: list[Run]
+    settings: dict[str, Any] = field(default_factory=dict)
+    label: str = ""
+
+    @property
+    def seeds(self) -> list[Any]:
+        return [r.config.get("seed", r.results.get("seed")) for r in self.runs]
+
+    def stat(self, metric: str, site: str, region: str) -> tuple[float, float | None]:
+        """Mean over the row's runs and their sample standard deviation (None for one run)
+        of ``metric`` on ``region`` at ``site`` (``"Average"`` for the runs' averages)."""
+        values = [
+            (r.results["average"] if site == "Average" else r.results["sites"][site])[metric][
+                region
+            ]
+            for r in self.runs
+        ]
+        values = [math.nan if v is None else float(v) for v in values]
+        mean = statistics.fmean(values)
+        return mean, statistics.stdev(values) if len(values) > 1 else None
+
+    def cell(self, metric: str, site: str, region: str) -> str:
+        mean, std = self.stat(metric, site, region)
+        return fmt(mean, metric) if std is None else f"{fmt(mean, metric)} ± {fmt(std, metric)}"
+
+
+@dataclass
+class Section:
+    """The rows of one task evaluated on the same sites and regions."""
+
+    task: str
+    sites: list[str]
+    regions: list[str]
+    rows: list[Row]
+    warnings: list[str]
+
+    @property
+    def title(self) -> str:
+        return f"{self.task}: sites {', '.join(self.sites)}"
+
+
+@dataclass
+class Report:
+    sections: list[Section]
+    warnings: list[str]
+
+    @property
+    def runs(self) -> list[Run]:
+        return [run for s in self.sections for row in s.rows for run in row.runs]
 
 
 def load_results(run_dir: Path) -> dict[str, Any]:
     """Read ``results.json`` of a finished run."""
-    path = Path(run_dir) / "results.json"
-    if not path.is_file():
-        raise ConfigError(f"{run_dir}: no results.json (is the run finished?)")
-    return json.loads(path.read_text())
+    return load_run(run_dir).results
 
 
-def _label(res: dict[str, Any]) -> str:
-    return f"{res['method']} ({res['labels']})"
+def _config_of(run: Run) -> dict[str, Any]:
+    """The run's flattened config (from its results when it has no ``config.yaml``)."""
+    if run.config:
+        return flat_config(run.config)
+    res = run.results
+    return {
+        "name": res.get("name", run.dir.name),
+        "method.name": res["method"],
+        "data.labels": res.get("labels"),
+        "seed": res.get("seed"),
+    }
+
+
+def _defining(cfg: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in cfg.items() if k not in IGNORED_KEYS}
+
+
+def show_value(value: Any) -> str:
+    return (
+        "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+    )
+
+
+def build_report(runs: list[Run]) -> Report:
+    """Group ``runs`` into sections (task, sites, regions) and rows (configs up to seed)."""
+    if not runs:
+        raise ConfigError("report: give at least one run directory")
+    by_section: dict[tuple, list[Run]] = {}
+    for run in runs:
+        sites = tuple(run.results["sites"])
+        if not sites:
+            raise ConfigError(f"{run.dir}: results.json has no evaluated site")
+        regions = tuple(next(iter(run.results["average"].values())))
+        by_section.setdefault((run.task, sites, regions), []).append(run)
+    sections = [
+        _section(task, list(sites), list(regions), members)
+        for (task, sites, regions), members in by_section.items()
+    ]
+    warnings = []
+    if len(sections) > 1:
+        warnings.append(
+            f"the runs cover {len(sections)} different tasks or site sets "
+            f"({'; '.join(s.title for s in sections)}): one table each"
+        )
+    return Report(sections, warnings)
+
+
+def _section(task: str, sites: list[str], regions: list[str], runs: list[Run]) -> Section:
+    rows: dict[tuple, Row] = {}
+    configs = {}
+    for run in runs:
+        cfg = _defining(_config_of(run))
+        key = tuple(sorted((k, repr(v)) for k, v in cfg.items()))
+        configs[key] = cfg
+        row = rows.setdefault(key, Row(str(cfg.get("name", run.name)), key, []))
+        row.runs.append(run)
+    keys = sorted({k for cfg in configs.values() for k in cfg})
+    differing = [k for k in keys if len({repr(cfg.get(k)) for cfg in configs.values()}) > 1]
+    names = [row.name for row in rows.values()]
+    for row in rows.values():
+        cfg = configs[row.key]
+        row.settings = {k: cfg.get(k) for k in differing if k != "name"}
+        shown = ", ".join(f"{k}={show_value(v)}" for k, v in row.settings.items())
+        row.label = f"{row.name} ({shown})" if names.count(row.name) > 1 and shown else row.name
+    warnings = []
+    for k in differing:
+        if k == "name" or k.startswith("method."):
+            continue
+        values = "; ".join(
+            f"{row.label}: {show_value(configs[row.key].get(k))}" for row in rows.values()
+        )
+        warnings.append(f"{task}: rows differ in {k} ({values}), not only in the method")
+    return Section(task, sites, regions, list(rows.values()), warnings)
+
+
+def report_metrics(section: Section, metrics: tuple[str, ...] | None) -> tuple[str, ...]:
+    first = section.rows[0].runs[0].results["average"]
+    if metrics is None:
+        return tuple(m for m in ("dsc", "hd95") if m in first)
+    unknown = [m for m in metrics if any(m not in r.results["average"] for r in _all(section))]
+    if unknown:
+        raise ConfigError(f"metrics {unknown} are not in every run's results.json")
+    return metrics
+
+
+def _all(section: Section) -> list[Run]:
+    return [run for row in section.rows for run in row.runs]
+
+
+def columns(section: Section) -> list[tuple[str, str, str]]:
+    """``(site, region, header)`` for every site and the average."""
+    multi = len(section.regions) > 1
+    return [
+        (s, reg, f"{s} {reg}" if multi else s)
+        for s in [*section.sites, "Average"]
+        for reg in section.regions
+    ]
+
+
+def seeds_text(row: Row) -> str:
+    return ", ".join(show_value(s) for s in row.seeds)
+
+
+def report_markdown(
+    report: Report,
+    metrics: tuple[str, ...] | None = None,
+    figures: dict[str, list[tuple[str, str]]] | None = None,
+    base: Path | None = None,
+) -> str:
+    """The report as Markdown: warnings, then per section one table per metric (rows x
+    site/region and average), its figures (``figures[section title]``: (caption, path)),
+    and per run its own files (paths relative to ``base``) and last affinity matrix."""
+    from fedseg.reporting.plots import affinity_table
+
+    out = ["# fedseg report", ""]
+    warnings = report.warnings + [w for s in report.sections for w in s.warnings]
+    out += [f"**Warning:** {w}." for w in warnings]
+    if warnings:
+        out.append("")
+    for section in report.sections:
+        out += [f"## {section.title}", ""]
+        setting_rows = [r for r in section.rows if r.settings]
+        if setting_rows:
+            out += ["| Row | Settings | Seeds |", "|---|---|---|"]
+            for row in section.rows:
+                shown = ", ".join(f"{k}={show_value(v)}" for k, v in row.settings.items())
+                out.append(f"| {row.label} | {shown} | {seeds_text(row)} |")
+            out.append("")
+        for m in report_metrics(section, metrics):
+            cols = columns(section)
+            unit = " (%)" if m not in ("hd95", "assd", "hd") else ""
+            head = ["Method", "Seeds"] + [h for _, _, h in cols]
+            out += [
+                f"### {METRIC_LABELS.get(m, m)}{unit}",
+                "",
+                "| " + " | ".join(head) + " |",
+                "|" + "---|" * len(head),
+            ]
+            for row in section.rows:
+                cells = [row.cell(m, s, reg) for s, reg, _ in cols]
+                out.append("| " + " | ".join([row.label, seeds_text(row), *cells]) + " |")
+            out.append("")
+        if any(len(r.runs) > 1 for r in section.rows):
+            out += ["Cells with several seeds: mean ± sample standard deviation.", ""]
+        for caption, path in (figures or {}).get(section.title, []):
+            out += [f"![{caption}]({path})", ""]
+        out += ["### Run files", ""]
+        for run in (run for row in section.rows for run in row.runs):
+            links = ", ".join(f"[{p.name}]({_rel(p, base)})" for p in run_files(run))
+            out.append(f"- {run.name} ({run.dir}): {links or 'no files'}")
+            if any("affinity" in (rec.get("server") or {}) for rec in run.rounds):
+                out += ["", affinity_table(run.dir)]
+        out.append("")
+    return "\n".join(out)
+
+
+def run_files(run: Run) -> list[Path]:
+    """A run's own readable outputs: its figures and ``results.md``."""
+    return sorted(run.dir.glob("*.png")) + [p for p in [run.dir / "results.md"] if p.is_file()]
+
+
+def _rel(path: Path, base: Path | None) -> str:
+    return Path(os.path.relpath(path, base) if base is not None else path).as_posix()
+
+
+def report_csv(report: Report) -> str:
+    """Long-format CSV: one line per section x row x metric x site x region, with the mean,
+    the sample standard deviation (empty for one run) and the runs it covers. Overlap
+    metrics are fractions here (not %)."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(
+        ["task", "row", "settings", "seeds", "runs", "metric", "site", "region", "mean", "std"]
+    )
+    for section in report.sections:
+        metrics = [
+            m
+            for m in section.rows[0].runs[0].results["average"]
+            if all(m in r.results["average"] for r in _all(section))
+        ]
+        for row in section.rows:
+            shown = "; ".join(f"{k}={show_value(v)}" for k, v in row.settings.items())
+            runs = " ".join(str(r.dir) for r in row.runs)
+            for m in metrics:
+                for site, region, _ in columns(section):
+                    mean, std = row.stat(m, site, region)
+                    w.writerow(
+                        [
+                            *(section.task, row.label, shown, seeds_text(row), runs),
+                            *(m, site, region, repr(mean), "" if std is None else repr(std)),
+                        ]
+                    )
+    return buf.getvalue()
 
 
 def comparison_table(
     results: list[dict[str, Any]], metrics: tuple[str, ...] = ("dsc", "hd95")
 ) -> str:
-    """Markdown: one row per run, columns site x region and the average, per metric."""
-    sites = list(results[0]["sites"])
-    mismatched = [_label(r) for r in results if list(r["sites"]) != sites]
-    if mismatched:
-        raise ConfigError(f"runs {mismatched} were evaluated on other sites than {sites}")
-    regions = list(results[0]["average"][metrics[0]])
-    out = []
-    for m in metrics:
-        cols = [(s, reg) for s in [*sites, "Average"] for reg in regions]
-        head = ["Method"] + [f"{s} {reg}" if len(regions) > 1 else s for s, reg in cols]
-        out += [f"## {m.upper()}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for res in results:
-            vals = [
-                fmt((res["average"] if s == "Average" else res["sites"][s])[m][reg], m)
-                for s, reg in cols
-            ]
-            out.append("| " + " | ".join([_label(res), *vals]) + " |")
-        out.append("")
-    return "\n".join(out)
+    """Markdown of already loaded ``results.json`` dicts (runs without a directory)."""
+    runs = [Run(Path(str(r.get("name", "run"))), {}, r) for r in results]
+    return report_markdown(build_report(runs), metrics)

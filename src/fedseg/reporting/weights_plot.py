@@ -43,9 +43,13 @@ def _read(path: Path) -> list[dict[str, Any]]:
 
 
 def plot_weights(
-    rounds: Path | list[dict[str, Any]], out: Path, title: str = "AAW aggregation weights"
+    rounds: Path | list[dict[str, Any]],
+    out: Path,
+    title: str = "AAW aggregation weights",
+    sizes: dict[str, int] | None = None,
 ) -> Path:
-    """Draw one line per site (weight used in each round's aggregation) and save a PNG."""
+    """Draw one line per site (weight used in each round's aggregation) and save a PNG; the
+    legend sits right of the axes and names each site's training-set size from ``sizes``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -53,17 +57,26 @@ def plot_weights(
     from matplotlib.ticker import MaxNLocator
 
     history = load_weight_history(rounds)
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    sizes = sizes or {}
+    fig, ax = plt.subplots(figsize=(7.6, 4.0), dpi=120)
     for site, points in history.items():
         xs, ys = zip(*points, strict=True)
-        ax.plot([x + 1 for x in xs], ys, marker="o", markersize=3, label=site)
+        label = f"{site} (n={sizes[site]})" if site in sizes else site
+        ax.plot([x + 1 for x in xs], ys, marker="o", markersize=3, label=label)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
     ax.set_ylabel("aggregation weight")
     ax.set_ylim(bottom=0)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small", ncol=2)
+    ax.legend(
+        title="site (training samples)" if sizes else "site",
+        fontsize="small",
+        title_fontsize="small",
+        loc="upper left",
+        bbox_to_anchor=(1.02, 1),
+        borderaxespad=0,
+    )
     fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

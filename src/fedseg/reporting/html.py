@@ -1,0 +1,142 @@
+"""``fedseg report --out DIR``: report.md, report.csv and a self-contained report.html.
+
+The HTML page carries its figures inline (base64 PNG) and loads nothing from elsewhere; it
+links to each run's own files (results.md and the figures in its directory) by relative
+path.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import os
+from pathlib import Path
+
+from fedseg.reporting.compare import (
+    Report,
+    Section,
+    build_report,
+    columns,
+    report_csv,
+    report_markdown,
+    report_metrics,
+    run_files,
+    seeds_text,
+    show_value,
+)
+from fedseg.reporting.plots import plot_row_curves, plot_site_bars, plot_training_curves
+from fedseg.reporting.results import METRIC_LABELS
+from fedseg.reporting.runs import Run, load_run
+
+__all__ = ["report_html", "write_report"]
+
+Figures = dict[str, list[tuple[str, Path]]]
+
+_CSS = """
+body{font-family:sans-serif;margin:24px;color:#222;max-width:1400px}
+table{border-collapse:collapse;margin:8px 0 16px}
+th,td{border:1px solid #999;padding:3px 8px;text-align:right;font-size:14px}
+th:first-child,td:first-child{text-align:left}
+th{background:#e8e8e8}
+.warn{background:#fff3cd;border:1px solid #c9a400;padding:6px 10px;margin:6px 0}
+img{display:block;margin:8px 0;max-width:100%}
+"""
+
+
+def write_report(
+    report: Report | list[Path], out: Path, metrics: tuple[str, ...] | None = None
+) -> list[Path]:
+    """Write ``report.md``, ``report.csv``, ``report.html`` and the figures they show
+    (``figures/``) into ``out`` for a report or a list of run directories; return the
+    written paths. Run directories are only read."""
+    if not isinstance(report, Report):
+        report = build_report([load_run(d) for d in report])
+    out = Path(out)
+    figs = out / "figures"
+    figures: Figures = {}
+    for k, section in enumerate(report.sections):
+        shown = figures.setdefault(section.title, [])
+        shown.append(("learning curves", plot_row_curves(section, figs / f"curves_{k}.png")))
+        for m in report_metrics(section, metrics):
+            if m in ("dsc", "hd95"):
+                path = plot_site_bars(section, m, figs / f"bars_{k}_{m}.png")
+                shown.append((f"{m.upper()} per site", path))
+        for i, run in enumerate(r for row in section.rows for r in row.runs):
+            if run.rounds:
+                path = figs / f"run_{k}_{i}.png"
+                plot_training_curves(run.rounds, path, title=f"{run.name}: {run.dir.name}")
+                shown.append((f"training curves of {run.dir}", path))
+    rel = {t: [(c, os.path.relpath(p, out)) for c, p in items] for t, items in figures.items()}
+    written = [
+        _write(out / "report.md", report_markdown(report, metrics, rel, out)),
+        _write(out / "report.csv", report_csv(report)),
+        _write(out / "report.html", report_html(report, metrics, figures, out)),
+    ]
+    return written + [p for items in figures.values() for _, p in items]
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def _img(path: Path, alt: str) -> str:
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+def _table(section: Section, metric: str, k: int) -> str:
+    cols = columns(section)
+    unit = "" if metric in ("hd95", "assd", "hd") else " (%)"
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in ["Method", "Seeds", *(c[2] for c in cols)])
+    rows = []
+    for row in section.rows:
+        cells = [row.label, seeds_text(row), *(row.cell(metric, s, reg) for s, reg, _ in cols)]
+        rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+    caption = f"{METRIC_LABELS.get(metric, metric)}{unit}"
+    return (
+        f'<table class="results" id="table-{k}-{metric}"><caption>{html.escape(caption)}</caption>'
+        f"<tr>{head}</tr>{''.join(rows)}</table>"
+    )
+
+
+def _links(run: Run, out: Path) -> str:
+    files = run_files(run)
+    hrefs = [html.escape(Path(os.path.relpath(p, out)).as_posix()) for p in files]
+    links = " ".join(
+        f'<a href="{h}">{html.escape(p.name)}</a>' for h, p in zip(hrefs, files, strict=True)
+    )
+    return f"<li>{html.escape(run.name)} ({html.escape(str(run.dir))}): {links or 'no files'}</li>"
+
+
+def report_html(
+    report: Report, metrics: tuple[str, ...] | None, figures: Figures, out: Path
+) -> str:
+    """One HTML page: warnings, per section its settings, tables, inline figures and links
+    to the runs' own files."""
+    parts = ["<h1>fedseg report</h1>"]
+    for w in report.warnings + [w for s in report.sections for w in s.warnings]:
+        parts.append(f'<p class="warn"><b>Warning:</b> {html.escape(w)}.</p>')
+    for k, section in enumerate(report.sections):
+        parts.append(f"<h2>{html.escape(section.title)}</h2>")
+        if any(r.settings for r in section.rows):
+            items = "".join(
+                f"<li><b>{html.escape(r.label)}</b>: "
+                + html.escape(", ".join(f"{key}={show_value(v)}" for key, v in r.settings.items()))
+                + "</li>"
+                for r in section.rows
+            )
+            parts.append(f"<ul>{items}</ul>")
+        parts += [_table(section, m, k) for m in report_metrics(section, metrics)]
+        if any(len(r.runs) > 1 for r in section.rows):
+            parts.append("<p>Cells with several seeds: mean ± sample standard deviation.</p>")
+        parts += [_img(p, c) for c, p in figures.get(section.title, [])]
+        runs = "".join(_links(run, out) for row in section.rows for run in row.runs)
+        parts.append(f"<h3>Run files</h3><ul>{runs}</ul>")
+    body = "\n".join(parts)
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>fedseg report</title><style>{_CSS}</style></head>\n"
+        f"<body>\n{body}\n</body></html>\n"
+    )

@@ -1,0 +1,113 @@
+"""A finished run directory as the reports read it: config, results, round records, sites."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fedseg.errors import ConfigError
+
+__all__ = ["Run", "SiteFacts", "flat_config", "load_run", "read_rounds", "site_facts"]
+
+
+@dataclass(frozen=True)
+class SiteFacts:
+    """What a figure says about a site besides its name."""
+
+    annotation: str
+    num_train: int
+
+
+@dataclass
+class Run:
+    """One finished run: its directory, ``config.yaml``, ``results.json`` and
+    ``rounds.jsonl`` records."""
+
+    dir: Path
+    config: dict[str, Any]
+    results: dict[str, Any]
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        """The config's ``name`` (the directory name when the config has none)."""
+        return str(self.config.get("name") or self.results.get("name") or self.dir.name)
+
+    @property
+    def task(self) -> str:
+        """The federation's task (manifest ``task``, else ``data.synth.task``, else the
+        evaluation regions)."""
+        manifest = _manifest(self.dir)
+        if manifest and manifest.get("task"):
+            return str(manifest["task"])
+        synth = (self.config.get("data") or {}).get("synth") or {}
+        if synth.get("task"):
+            return str(synth["task"])
+        return "regions " + "+".join(next(iter(self.results["average"].values())))
+
+
+def load_run(run_dir: Path) -> Run:
+    """Read a finished run directory.
+
+    Raises:
+        ConfigError: no ``results.json`` (the run is unfinished) or an unreadable file.
+    """
+    run_dir = Path(run_dir)
+    path = run_dir / "results.json"
+    if not path.is_file():
+        raise ConfigError(f"{run_dir}: no results.json (is the run finished?)")
+    try:
+        results = json.loads(path.read_text())
+        cfg_path = run_dir / "config.yaml"
+        config = yaml.safe_load(cfg_path.read_text()) if cfg_path.is_file() else {}
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        raise ConfigError(f"{run_dir}: unreadable run file: {e}") from e
+    return Run(run_dir, config or {}, results, read_rounds(run_dir))
+
+
+def read_rounds(run_dir: Path) -> list[dict[str, Any]]:
+    """The records of ``run_dir/rounds.jsonl`` ([] when the file is missing)."""
+    path = Path(run_dir) / "rounds.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"train.rounds": 20, "method.tdf": True, ...}``: nested mappings as dotted keys."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out |= flat_config(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _manifest(run_dir: Path) -> dict[str, Any] | None:
+    cfg_path = Path(run_dir) / "config.yaml"
+    if not cfg_path.is_file():
+        return None
+    root = ((yaml.safe_load(cfg_path.read_text()) or {}).get("data") or {}).get("root")
+    path = Path(str(root)) / "manifest.json" if root else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+
+
+def site_facts(run_dir: Path) -> dict[str, SiteFacts]:
+    """Annotation type and training-set size per site from the manifest of the run's
+    federation (``data.root`` in its ``config.yaml``); {} when that folder is not readable
+    here (figures then show site names only)."""
+    manifest = _manifest(run_dir) or {}
+    return {
+        s["name"]: SiteFacts(s.get("annotation", "full"), int(s.get("splits", {}).get("train", 0)))
+        for s in manifest.get("sites", [])
+    }

@@ -1,0 +1,113 @@
+"""``fedseg report``: rows per config with seeds pooled, labels, warnings, tasks, outputs."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import io
+import json
+import re
+import statistics
+from pathlib import Path
+
+import numpy as np
+from matplotlib.image import imread
+from typer.testing import CliRunner
+
+from fedseg.cli import app
+from fedseg.reporting.compare import build_report, report_csv, report_markdown
+from fedseg.reporting.runs import load_run
+
+cli = CliRunner()
+
+
+def _dsc(run: Path, site: str, region: str) -> float:
+    return json.loads((run / "results.json").read_text())["sites"][site]["dsc"][region]
+
+
+def _md_row(text: str, label: str) -> list[str]:
+    """Cells of ``label``'s row in the first metric table (the DSC one)."""
+    rows = [line for line in text.splitlines() if line.startswith(f"| {label} |")]
+    cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows]
+    return next(c for c in cells if len(c) > 3)
+
+
+def test_seeds_pool_into_mean_and_std(runs: dict[str, Path]) -> None:
+    report = build_report([load_run(runs["seed0"]), load_run(runs["seed1"])])
+    (section,) = report.sections
+    (row,) = section.rows
+    assert row.label == "fedavg" and row.seeds == [0, 1] and not section.warnings
+    values = [_dsc(runs[k], "A", "polyp") for k in ("seed0", "seed1")]
+    assert values[0] != values[1]  # the seeds trained differently
+    mean, std = row.stat("dsc", "A", "polyp")
+    assert mean == statistics.fmean(values) and std == statistics.stdev(values)
+    cells = _md_row(report_markdown(report), "fedavg")
+    assert cells[1] == "0, 1"
+    assert cells[2] == f"{100 * mean:.2f} ± {100 * std:.2f}"
+    lines = list(csv.DictReader(io.StringIO(report_csv(report))))
+    hit = [x for x in lines if (x["metric"], x["site"], x["region"]) == ("dsc", "A", "polyp")]
+    assert len(hit) == 1 and float(hit[0]["mean"]) == mean and float(hit[0]["std"]) == std
+
+
+def test_rows_named_by_distinguishing_settings_without_warning(runs: dict[str, Path]) -> None:
+    report = build_report([load_run(runs[k]) for k in ("mu_small", "mu_large")])
+    (section,) = report.sections
+    assert [r.label for r in section.rows] == ["prox (method.mu=0.01)", "prox (method.mu=0.5)"]
+    assert not section.warnings and not report.warnings  # only method settings differ
+    text = report_markdown(report)
+    assert (
+        _md_row(text, "prox (method.mu=0.5)")[2]
+        == f"{100 * _dsc(runs['mu_large'], 'A', 'polyp'):.2f}"
+    )
+
+
+def test_warns_about_other_differences_and_splits_tasks(runs: dict[str, Path]) -> None:
+    res = cli.invoke(app, ["report", *(str(runs[k]) for k in ("seed0", "longer", "other_task"))])
+    assert res.exit_code == 0, res.output
+    assert "rows differ in train.rounds" in res.output
+    assert "2 different tasks" in res.output
+    assert "## polyp: sites A, B" in res.output and "## fundus: sites A, B" in res.output
+    report = build_report([load_run(runs[k]) for k in ("seed0", "longer", "other_task")])
+    assert [s.task for s in report.sections] == ["polyp", "fundus"]
+    assert [r.label for r in report.sections[0].rows] == ["fedavg", "long"]
+    assert list(report.sections[1].regions) != list(report.sections[0].regions)
+
+
+def test_out_dir_writes_markdown_csv_and_self_contained_html(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "rep"
+    args = ["report", *(str(runs[k]) for k in ("seed0", "seed1", "longer")), "--out", str(out)]
+    res = cli.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    md = (out / "report.md").read_text()
+    for link in re.findall(r"\]\(([^)]+)\)", md):  # figures and the runs' own files exist
+        assert (out / link).is_file(), link
+    assert "training_curves.png" in md and "learning curves" in md
+    rows = list(csv.DictReader((out / "report.csv").open()))
+    assert {r["row"] for r in rows} == {"fedavg", "long"}
+    page = (out / "report.html").read_text()
+    assert "<table" in page and "fedavg" in page and "0, 1" in page
+    srcs = re.findall(r'src="([^"]*)"', page)
+    assert len(srcs) >= 5 and all(s.startswith("data:image/png;base64,") for s in srcs)
+    assert not re.search(r"<(link|script)\b", page) and "http" not in page
+    for s in srcs:  # every inline image decodes to a non-blank picture
+        png = base64.b64decode(s.split(",", 1)[1])
+        img = imread(io.BytesIO(png))
+        assert img.shape[0] > 100 and np.ptp(img[..., :3]) > 0.5
+
+
+def test_every_run_has_training_curves(runs: dict[str, Path]) -> None:
+    for run in runs.values():
+        img = imread(run / "training_curves.png")[..., :3]
+        coloured = (img.max(axis=-1) - img.min(axis=-1)) > 0.3  # the site lines (tab10)
+        assert coloured.sum() > 200, run
+    longer = imread(runs["longer"] / "training_curves.png")
+    assert longer.shape[1] > imread(runs["seed0"] / "training_curves.png").shape[1]  # + val DSC
+
+
+def test_md_out_file_and_unfinished_run(runs: dict[str, Path], tmp_path: Path) -> None:
+    res = cli.invoke(app, ["report", str(runs["seed0"]), "--out", str(tmp_path / "t.md")])
+    assert res.exit_code == 0 and "### DSC (%)" in (tmp_path / "t.md").read_text()
+    res = cli.invoke(app, ["report", str(runs["seed0"]), str(tmp_path)])
+    assert res.exit_code == 2 and "no results.json" in res.output
