@@ -66,6 +66,13 @@ def run(
     overwrite: Annotated[
         bool, typer.Option(help="Replace the finished or failed run already in --out.")
     ] = False,
+    engine: Annotated[
+        str | None,
+        typer.Option(
+            help="Sets engine.backend: inprocess (one process) or flower-sim (Flower's "
+            "simulation engine, sites in parallel; needs the flower extra)."
+        ),
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Train and evaluate one method; write a run directory with results."""
@@ -90,6 +97,12 @@ def run(
             run_dir = out or Path("runs") / f"{cfg.name}-{datetime.now():%Y%m%d-%H%M%S}"
         else:
             raise typer.BadParameter("give a CONFIG or --resume RUN_DIR")
+        if engine is not None:
+            backend = cfg.engine.backend
+            backend = {**backend, "name": engine} if isinstance(backend, dict) else engine
+            cfg = cfg.model_copy(
+                update={"engine": cfg.engine.model_copy(update={"backend": backend})}
+            )
         rd = RunDir(run_dir)
         with rd.lock():
             if resume is None:
@@ -180,7 +193,7 @@ def report(
             written = write_report(rep, out, metrics)
             console.print(f"wrote {', '.join(str(p) for p in written[:3])}")
             return
-        text = report_markdown(rep, metrics)
+        text = report_markdown(rep, metrics, base=out.parent if out is not None else None)
     except FedsegError as e:
         fail(e)
     if out is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -12,7 +12,10 @@ from fedseg.data.federation import FederatedDataset
 from fedseg.data.manifest import SPLITS
 from fedseg.errors import DataError
 
-__all__ = ["preview"]
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["preview", "site_figure"]
 
 BACKGROUND = np.array([0.1, 0.2, 0.5])
 """Overlay colour of labeled background (class 0)."""
@@ -36,61 +39,70 @@ def preview(
     Returns:
         The written PNG paths.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     if split not in SPLITS:
         raise DataError(f"split must be one of {list(SPLITS)}, got {split!r}")
     fed = FederatedDataset.open(root)
-    m = fed.manifest
     folder = Path(out) if out is not None else fed.root / "preview"
     folder.mkdir(parents=True, exist_ok=True)
-    colours = _palette(m.num_classes)
     written = []
-    for done, site in enumerate(m.sites, start=1):
-        data = fed.load(site.name, split, "weak" if site.annotation != "full" else "full")
-        count = min(n, len(data))
-        titles = _columns(site.annotation, m.box_conversion)
-        cols = len(titles)
-        fig, axes = plt.subplots(
-            max(count, 1), cols, figsize=(2.2 * cols, 2.2 * max(count, 1) + 0.35), squeeze=False
-        )
-        for ax in axes.ravel():
-            ax.axis("off")
-        for row in range(count):
-            image = _display_image(data.images[row].numpy())
-            mask = data.masks[row].numpy()
-            where = f" (z={mask.shape[0] // 2} of {mask.shape[0]})" if mask.ndim == 3 else ""
-            panels = [image, _overlay(image, _mid(mask), colours)]
-            if site.annotation in ("box", "rotated_box"):
-                panels.append(image)
-                _draw_boxes(axes[row, 2], _mid(mask), site.annotation == "rotated_box", colours)
-            if cols > 2:
-                panels.append(_overlay(image, _mid(data.labels[row].numpy()), colours))
-            for col, shown in enumerate(panels):
-                axes[row, col].imshow(shown)
-                title = f"{data.ids[row]} {titles[col]}{where}" if col == 0 else titles[col]
-                axes[row, col].set_title(title, fontsize=7)
-        if count == 0:
-            axes[0, 0].set_title(f"{site.name}: no {split} samples", fontsize=8)
-        fig.suptitle(f"{m.task} site {site.name} ({site.annotation})", fontsize=9)
-        fig.legend(
-            handles=_legend(m.class_names, colours),
-            loc="lower center",
-            ncol=min(len(m.class_names) + 1, 4),
-            fontsize=7,
-            frameon=False,
-        )
-        fig.tight_layout(rect=(0, 0.3 / (2.2 * max(count, 1) + 0.35), 1, 1))
+    for done, site in enumerate(fed.manifest.sites, start=1):
+        fig = site_figure(fed, site.name, split, n)
         path = folder / f"{site.name}.png"
         fig.savefig(path, dpi=100)
         plt.close(fig)
         written.append(path)
         if progress is not None:
-            progress(done, len(m.sites))
+            progress(done, len(fed.manifest.sites))
     return written
+
+
+def site_figure(fed: FederatedDataset, site_name: str, split: str, n: int) -> Figure:
+    """The preview figure of one site (see :func:`preview`): a row per sample, a legend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    m = fed.manifest
+    site = next(s for s in m.sites if s.name == site_name)
+    colours = _palette(m.num_classes)
+    data = fed.load(site.name, split, "weak" if site.annotation != "full" else "full")
+    count = min(n, len(data))
+    titles = _columns(site.annotation, m.box_conversion)
+    cols = len(titles)
+    fig, axes = plt.subplots(
+        max(count, 1), cols, figsize=(2.2 * cols, 2.2 * max(count, 1) + 0.35), squeeze=False
+    )
+    for ax in axes.ravel():
+        ax.axis("off")
+    for row in range(count):
+        image = _display_image(data.images[row].numpy())
+        mask = data.masks[row].numpy()
+        where = f" (z={mask.shape[0] // 2} of {mask.shape[0]})" if mask.ndim == 3 else ""
+        panels = [image, _overlay(image, _mid(mask), colours)]
+        if site.annotation in ("box", "rotated_box"):
+            panels.append(image)
+            _draw_boxes(axes[row, 2], _mid(mask), site.annotation == "rotated_box", colours)
+        if cols > 2:
+            panels.append(_overlay(image, _mid(data.labels[row].numpy()), colours))
+        for col, shown in enumerate(panels):
+            axes[row, col].imshow(shown)
+            title = f"{data.ids[row]} {titles[col]}{where}" if col == 0 else titles[col]
+            axes[row, col].set_title(title, fontsize=7)
+    if count == 0:
+        axes[0, 0].set_title(f"{site.name}: no {split} samples", fontsize=8)
+    fig.suptitle(f"{m.task} site {site.name} ({site.annotation})", fontsize=9)
+    fig.legend(
+        handles=_legend(m.class_names, colours),
+        loc="lower center",
+        ncol=min(len(m.class_names) + 1, 4),
+        fontsize=7,
+        frameon=False,
+    )
+    fig.tight_layout(rect=(0, 0.3 / (2.2 * max(count, 1) + 0.35), 1, 1))
+    return fig
 
 
 def _columns(annotation: str, box_conversion: str) -> list[str]:
@@ -114,7 +126,7 @@ def _draw_boxes(ax: Any, mask: np.ndarray, rotated: bool, colours: np.ndarray) -
     for box in boxes_of(
         mask, rotated=rotated, min_pixels=WeakLabelParams().min_region_pixels(mask.shape)
     ):
-        corners = cv2.boxPoints(box.scaled(1.0)) - 0.5
+        corners = cv2.boxPoints(box.scaled(1.0))  # pixel edges, as imshow draws pixels
         ax.add_patch(Polygon(corners, closed=True, fill=False, lw=1.5, ec=colours[box.cls]))
 
 

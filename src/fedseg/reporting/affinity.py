@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedseg.errors import ConfigError
 from fedseg.reporting.runs import site_facts
 
-__all__ = ["last_affinity", "plot_affinity"]
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["affinity_figure", "last_affinity", "plot_affinity"]
 
 
 def last_affinity(run_dir: Path) -> tuple[int, list[list[float]], list[str]]:
@@ -34,9 +37,20 @@ def last_affinity(run_dir: Path) -> tuple[int, list[list[float]], list[str]]:
 
 def plot_affinity(run_dir: Path, out: Path | None = None) -> Path:
     """Render the last round's affinity matrix of ``run_dir`` to a PNG (default
-    ``run_dir/affinity.png``) and return its path. Colours span the matrix's off-diagonal
-    value range (the diagonal, a site's affinity to itself, would flatten the scale); the
-    axes name each site and, when its federation is readable, its annotation type."""
+    ``run_dir/affinity.png``) and return its path."""
+    import matplotlib.pyplot as plt
+
+    fig = affinity_figure(run_dir)
+    target = Path(out) if out is not None else Path(run_dir) / "affinity.png"
+    fig.savefig(target, dpi=120)
+    plt.close(fig)
+    return target
+
+
+def affinity_figure(run_dir: Path) -> Figure:
+    """The heat map of the last round's affinity matrix. Colours span the matrix's
+    off-diagonal value range (the diagonal, a site's affinity to itself, would flatten the
+    scale); the axes name each site and, when its federation is readable, its annotation."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -74,7 +88,4 @@ def plot_affinity(run_dir: Path, out: Path | None = None) -> Path:
     )
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04).ax.tick_params(labelsize=8)
     fig.tight_layout()
-    target = Path(out) if out is not None else Path(run_dir) / "affinity.png"
-    fig.savefig(target, dpi=120)
-    plt.close(fig)
-    return target
+    return fig

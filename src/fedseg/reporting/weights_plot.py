@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedseg.errors import ConfigError
 
-__all__ = ["load_weight_history", "plot_weights"]
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["load_weight_history", "plot_weights", "weights_figure"]
 
 KEY = "aaw_weights"
 
@@ -48,8 +51,24 @@ def plot_weights(
     title: str = "AAW aggregation weights",
     sizes: dict[str, int] | None = None,
 ) -> Path:
-    """Draw one line per site (weight used in each round's aggregation) and save a PNG; the
-    legend sits right of the axes and names each site's training-set size from ``sizes``."""
+    """Save :func:`weights_figure` as a PNG at ``out``."""
+    import matplotlib.pyplot as plt
+
+    fig = weights_figure(rounds, title, sizes)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
+def weights_figure(
+    rounds: Path | list[dict[str, Any]],
+    title: str = "AAW aggregation weights",
+    sizes: dict[str, int] | None = None,
+) -> Figure:
+    """One line per site (the weight used in each round's aggregation); the legend sits
+    right of the axes and names each site's training-set size from ``sizes``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -78,8 +97,4 @@ def plot_weights(
         borderaxespad=0,
     )
     fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    return fig
