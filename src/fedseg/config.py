@@ -77,6 +77,11 @@ class EngineSettings(_Strict):
     threads: int = Field(0, ge=0)
     """CPU threads for torch (0: torch's default). Use 1 when other jobs share the CPU:
     oversubscribed threads slow training down many times over."""
+    backend: str | dict[str, Any] = "inprocess"
+    """Where the sites run: ``inprocess`` (default: one process, sites one after another) or
+    ``flower-sim`` (Flower's Ray-based simulation engine, sites in parallel), or a mapping
+    with per-site resources, e.g. ``{name: flower-sim, cpus: 1, gpus: 0.25, ray_address:
+    auto}`` (checked when the run starts; docs/deployment.md)."""
 
 
 class RunConfig(_Strict):

@@ -13,7 +13,7 @@ from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from flwr.common.serde import recorddict_to_proto
 
 from fedseg.engine.flower.link import run_federation
-from fedseg.engine.flower.records import ARRAYS, METRICS, read_meta
+from fedseg.engine.flower.records import ARRAYS, LAYOUT, METRICS, read_meta
 
 pytestmark = pytest.mark.flower
 
@@ -23,9 +23,9 @@ def _wire(body: RecordDict) -> tuple[int, int, int, int]:
     data, tensors = 0, 0
     arrays = body.get(ARRAYS)
     if isinstance(arrays, ArrayRecord):
-        for arr in arrays.values():
+        for arr in arrays.values():  # one packed array: the tensors' bytes
             data += np.load(io.BytesIO(arr.data), allow_pickle=False).nbytes
-            tensors += 1
+        tensors = len(json.loads(read_meta(body)[LAYOUT]))
     metrics = body.get(METRICS)
     numbers = len(metrics) if isinstance(metrics, MetricRecord) else 0
     return data, tensors, numbers, len(recorddict_to_proto(body).SerializeToString())
@@ -64,7 +64,7 @@ def test_counted_bytes_equal_the_serialised_tensors(federation: Path, tmp_path: 
             for site, counted in rec["comm"][way].items():
                 data, tensors, numbers, whole = link.wire[(rec["round"], site, way)]
                 assert counted["bytes"] == data + 8 * numbers
-                # framing (names, npy headers, the envelope) is the only difference
+                # framing (the layout, the npy header, the envelope) is the only difference
                 assert data < whole <= data + 300 * tensors + 4096
     up, down = rounds[0]["comm"]["upload"]["A"], rounds[0]["comm"]["download"]["A"]
     if method == "fedlc":  # every site's head comes down on top of the shared weights

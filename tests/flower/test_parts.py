@@ -60,6 +60,27 @@ def test_malformed_message_bodies_raise_upload_errors():
     body["fedseg"]["num-examples"] = "many"
     with pytest.raises(UploadError, match="num-examples must be an int"):
         read_payload(body)
+    bad_layouts = {
+        "covers more than the 4 bytes": [["w", "float32", [1]], ["v", "float32", [1]]],
+        "covers 0 bytes, 4 were sent": [],
+        "bad layout entry": [["w", "object", [1]]],  # no pickled objects
+        "bad layout entry ": [["w", "float32", [-1]]],
+    }
+    for reason, layout in bad_layouts.items():
+        body = content({}, payload=Payload({"w": torch.ones(1)}, num_examples=1))
+        body["fedseg"]["layout"] = json.dumps(layout)
+        with pytest.raises(UploadError, match=reason.strip()):
+            read_payload(body)
+
+
+def test_payload_tensors_travel_as_one_packed_array():
+    """One Flower Array per payload (Flower sends each array as separate objects), whose
+    bytes are the tensors' bytes one after another."""
+    tensors = {"a": torch.randn(5, 3), "b": torch.arange(4), "c": torch.tensor(True)}
+    body = content({}, payload=Payload(tensors, num_examples=2))
+    (array,) = body["arrays"].values()
+    raw = b"".join(t.numpy().tobytes() for t in tensors.values())
+    assert array.numpy().tobytes() == raw and array.shape == (len(raw),)
 
 
 def test_spec_and_evaluation_round_trip():

@@ -10,9 +10,10 @@ import torch
 from flower_helpers import assert_same_metrics, direct_link, make_config
 
 from fedseg.engine.flower.link import run_federation
-from fedseg.engine.flower.records import ARRAYS, read_meta
+from fedseg.engine.flower.records import content, read_meta, read_payload
 from fedseg.engine.runner import InProcessRunner
 from fedseg.errors import ConfigError, FedsegError
+from fedseg.methods import Payload
 
 pytestmark = pytest.mark.flower
 
@@ -93,9 +94,9 @@ def test_too_few_replies_stop_the_run_and_resume_continues(federation: Path, tmp
 
 def _corrupt(kind: str):
     def fix(body):
-        arrays = body[ARRAYS]
-        key = next(iter(arrays))
-        sd = arrays.to_torch_state_dict()
+        meta, payload = read_meta(body), read_payload(body)
+        sd, n = dict(payload.tensors), payload.num_examples
+        key = next(iter(sd))
         if kind == "nan":
             sd[key] = sd[key].clone().fill_(float("nan"))
         elif kind == "shape":
@@ -103,15 +104,10 @@ def _corrupt(kind: str):
         elif kind == "dtype":
             sd[key] = sd[key].double()
         elif kind == "examples":  # claims a billion samples to take over the average
-            from flwr.app import ConfigRecord
-
-            body["fedseg"] = ConfigRecord({**read_meta(body), "num-examples": 10**9})
+            n = 10**9
         else:
             sd["evil.extra"] = torch.zeros(1)
-        from flwr.app import ArrayRecord
-
-        body[ARRAYS] = ArrayRecord(sd)
-        return body
+        return content(meta, payload=Payload(sd, payload.metrics, n))
 
     return fix
 

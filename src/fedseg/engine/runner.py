@@ -10,6 +10,7 @@ import torch
 
 from fedseg.config import RunConfig
 from fedseg.data import FederatedDataset
+from fedseg.engine.flower.settings import sim_settings
 from fedseg.engine.link import InMemoryLink
 from fedseg.engine.loop import Federation, RoundCallback, loss_summary
 from fedseg.engine.prepare import prepare_data
@@ -40,8 +41,14 @@ class InProcessRunner:
             torch.set_num_threads(cfg.engine.threads)
 
     def run(self, resume: bool = False, on_round: RoundCallback | None = None) -> dict[str, Any]:
-        """Train all rounds (after the last checkpointed one when resuming) and evaluate."""
+        """Train all rounds (after the last checkpointed one when resuming) and evaluate;
+        with ``engine.backend: flower-sim`` on Flower's simulation engine."""
         cfg = self.cfg
+        sim = sim_settings(cfg.engine.backend)
+        if sim is not None:
+            from fedseg.engine.flower.sim import run_on_flower_sim
+
+            return run_on_flower_sim(cfg, self.dir.path, sim, resume, on_round)
         fed = FederatedDataset.open(prepare_data(cfg))
         spec, sites = load_sites(fed, cfg.data.labels, cfg.data.sites, cfg.eval.split)
         link = InMemoryLink(

@@ -85,7 +85,7 @@ def local(
     """Run CONFIG as a real federation on this machine: a SuperLink and one SuperNode per site
     on 127.0.0.1 (free ports, temporary FLWR_HOME), stopped when the run ends."""
     from fedseg.data import FederatedDataset
-    from fedseg.engine.flower.launcher import LocalFederation
+    from fedseg.engine.flower.launcher import LOCAL_SERVER_POLL, LocalFederation
     from fedseg.engine.flower.settings import FlowerSettings, SiteConfig
     from fedseg.engine.flower.site_data import split_federation
     from fedseg.engine.prepare import prepare_data
@@ -117,6 +117,7 @@ def local(
             round_timeout=round_timeout,
             join_timeout=join_timeout,
             retries=retries,
+            poll_interval=LOCAL_SERVER_POLL,
         )
         with (
             tempfile.TemporaryDirectory(prefix="fedseg-flower-") as tmp,
@@ -214,8 +215,9 @@ def site(
     device: Annotated[str | None, typer.Option(help="Overrides engine.device here.")] = None,
     threads: Annotated[int, typer.Option(help="Torch threads (0: default).")] = 0,
 ) -> None:
-    """Join a federation as one site: check the data, then run a Flower SuperNode."""
-    from fedseg.engine.flower.launcher import process_env
+    """Join a federation as one site: check the data, then run a Flower SuperNode (process
+    isolation) with fedseg's long-lived ClientApp process, which keeps model and data loaded."""
+    from fedseg.engine.flower.launcher import process_env, site_command
     from fedseg.engine.flower.settings import SiteConfig
     from fedseg.engine.flower.site_data import check_site_folder
 
@@ -237,11 +239,11 @@ def site(
     if auth_key is not None:
         argv += ["--auth-supernode-private-key", str(auth_key)]
     env = process_env()  # no telemetry or update checks from a hospital network by default
-    exe = shutil.which("flower-supernode", path=env["PATH"])
-    if exe is None:
+    if shutil.which("flower-supernode", path=env["PATH"]) is None:
         fail(ConfigError("flower-supernode not found; install fedseg with the flower extra"))
     err.print(f"site {name}: data {cfg.data_dir}, private state {cfg.state_root}")
-    os.execve(str(exe), argv, env)
+    command = site_command(argv, port)
+    os.execve(command[0], command, env)
 
 
 @app.command("privacy-table")

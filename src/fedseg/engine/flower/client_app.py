@@ -18,7 +18,7 @@ from fedseg.engine.flower.logs import configure_logging
 from fedseg.engine.flower.site import handle_evaluate, handle_hello, handle_train
 from fedseg.errors import FedsegError
 
-__all__ = ["app"]
+__all__ = ["Handler", "answer", "app"]
 
 log = logging.getLogger(__name__)
 
@@ -27,14 +27,21 @@ Handler = Callable[[RecordDict, Mapping[str, Any], Mapping[str, Any]], RecordDic
 app = ClientApp()
 
 
-def _reply(msg: Message, context: Context, handler: Handler) -> Message:
+def answer(
+    msg: Message, handler: Handler, node_config: Mapping[str, Any], run_config: Mapping[str, Any]
+) -> Message:
+    """The reply of ``handler`` to ``msg`` (an error reply for a fedseg error)."""
     configure_logging()
     try:
-        body = handler(msg.content, context.node_config, context.run_config)
+        body = handler(msg.content, node_config, run_config)
     except FedsegError as e:
         log.error("%s failed: %s", msg.metadata.message_type, e.reason)
         return Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, e.reason), reply_to=msg)
     return Message(body, reply_to=msg)
+
+
+def _reply(msg: Message, context: Context, handler: Handler) -> Message:
+    return answer(msg, handler, context.node_config, context.run_config)
 
 
 @app.query("hello")

@@ -4,6 +4,10 @@ Everything runs on loopback with free ports and a temporary ``FLWR_HOME``; telem
 checks and runtime dependency installation are off. Every process is started in its own
 process group and stopped through the pid this module got when it started it (SIGTERM, then
 SIGKILL after a grace period); Flower's helper processes follow their parents.
+
+Each site is one process group: fedseg's long-lived ClientApp process
+(:mod:`~fedseg.engine.flower.executor`) with its SuperNode, in process isolation mode, as its
+child (:func:`site_command`), so model, data and method stay loaded between messages.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ __all__ = [
     "flower_env",
     "free_port",
     "process_env",
+    "site_command",
     "stop_process",
     "submit_run",
     "write_connection",
@@ -42,6 +47,10 @@ log = logging.getLogger(__name__)
 LOOPBACK = "127.0.0.1"
 CONNECTION = "fedseg"
 """Name of the SuperLink connection in the temporary ``FLWR_HOME/config.toml``."""
+NODE_POLL = 0.2
+"""Longest idle wait (seconds) of a loopback SuperNode before it asks for messages again."""
+LOCAL_SERVER_POLL = 0.2
+"""Seconds between the loopback ServerApp's polls for replies."""
 
 
 def free_port() -> int:
@@ -91,6 +100,22 @@ def write_connection(flwr_home: Path, address: str, root_certificates: Path | No
     path = flwr_home / "config.toml"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def site_command(
+    supernode_argv: Sequence[str], runtime_port: int, poll: float | None = None
+) -> list[str]:
+    """The command of one site: fedseg's long-lived ClientApp process serving the SuperNode
+    ``supernode_argv`` (``flower-supernode ...``, whose Runtime API listens on
+    127.0.0.1:``runtime_port``), which it starts in process isolation mode; ``poll`` caps the
+    SuperNode's idle waits (:mod:`~fedseg.engine.flower.supernode`; None: Flower's own)."""
+    node = list(supernode_argv)
+    if poll is not None:
+        node[:1] = [sys.executable, "-m", "fedseg.engine.flower.supernode", str(poll)]
+    return [
+        sys.executable, "-m", "fedseg.engine.flower.executor",
+        "--runtime-api-address", f"{LOOPBACK}:{runtime_port}", "--", *node,
+    ]  # fmt: skip
 
 
 @dataclass
@@ -220,6 +245,7 @@ class LocalFederation:
     Use as a context manager; every process it started is stopped on exit. ``tls`` serves
     the SuperLink over TLS with a certificate made for 127.0.0.1; ``auth`` additionally
     enables SuperNode authentication with one registered key per site (named after it).
+    ``node_poll`` caps the SuperNodes' idle waits (seconds; None: Flower's 3 s).
     """
 
     def __init__(
@@ -230,13 +256,14 @@ class LocalFederation:
         tls: bool = False,
         auth: bool = False,
         log_dir: Path | None = None,
+        node_poll: float | None = NODE_POLL,
     ) -> None:
         if auth and not tls:
             raise FedsegError("SuperNode authentication needs TLS (tls=True)")
         self.sites = {s.name: s for s in sites}
         self.workdir = Path(workdir)
         self.log_dir = Path(log_dir) if log_dir else self.workdir / "logs"
-        self.tls, self.auth = tls, auth
+        self.tls, self.auth, self.node_poll = tls, auth, node_poll
         self.flwr_home = self.workdir / "flwr-home"
         self.env = flower_env(self.flwr_home)
         self.port = 0
@@ -317,13 +344,15 @@ class LocalFederation:
     def start_node(self, label: str, site: SiteConfig, key: Path | None = None) -> Proc:
         """Start a SuperNode with ``site``'s node config (stopped by :meth:`stop`)."""
         security = ["--root-certificates", str(self.certs.ca)] if self.certs else ["--insecure"]
+        port = free_port()
         argv = [
             "flower-supernode", *security, "--superlink", self.address, "--host", LOOPBACK,
-            "--port", str(free_port()), "--node-config", site.to_node_config(),
+            "--port", str(port), "--node-config", site.to_node_config(),
         ]  # fmt: skip
         if key is not None:
             argv += ["--auth-supernode-private-key", str(key)]
-        proc = spawn(f"SuperNode {label}", argv, self.env, self.log_dir / f"{label}.log")
+        command = site_command(argv, port, self.node_poll)
+        proc = spawn(f"SuperNode {label}", command, self.env, self.log_dir / f"{label}.log")
         self._nodes.append(proc)
         return proc
 

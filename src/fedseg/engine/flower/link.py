@@ -27,7 +27,7 @@ from fedseg.engine.flower.records import (
 from fedseg.engine.flower.settings import FlowerSettings
 from fedseg.engine.flower.site import fedseg_version, method_for
 from fedseg.engine.link import Failure
-from fedseg.engine.loop import Federation, RoundPolicy
+from fedseg.engine.loop import Federation, RoundCallback, RoundPolicy
 from fedseg.engine.server import build_spec, site_view, spec_to_json
 from fedseg.engine.worker import EvalReply, TrainReply
 from fedseg.errors import ConfigError, UploadError
@@ -164,9 +164,15 @@ class FlowerLink:
 
 
 def run_federation(
-    cfg: RunConfig, settings: FlowerSettings, transport: Transport
+    cfg: RunConfig,
+    settings: FlowerSettings,
+    transport: Transport,
+    *,
+    engine: str = "flower",
+    on_round: RoundCallback | None = None,
 ) -> dict[str, Any]:
-    """Run (or resume) the experiment ``cfg`` over ``transport`` into ``settings.run_dir``."""
+    """Run (or resume) the experiment ``cfg`` over ``transport`` into ``settings.run_dir``;
+    ``engine`` is recorded in results.json, ``on_round`` gets every round's record."""
     order = site_order(cfg, settings)
     policy = RoundPolicy(
         min_sites=settings.min_replies(len(order)),
@@ -175,5 +181,6 @@ def run_federation(
         poll_interval=settings.poll_interval,
     )
     link = FlowerLink(transport, cfg, settings)
+    link.engine = engine
     fed = Federation(cfg, link, settings.run_dir, order, policy)
-    return fed.run(resume=settings.resume, overwrite=settings.overwrite)
+    return fed.run(resume=settings.resume, on_round=on_round, overwrite=settings.overwrite)

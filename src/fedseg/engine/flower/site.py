@@ -5,15 +5,23 @@ in-process engine uses) over this site's data, with the private state kept in fi
 site's disk (:class:`~fedseg.engine.flower.site_state.SiteStateStore`). The handlers take and
 return Flower ``RecordDict`` bodies and know nothing else about Flower, so tests can drive
 them in-process.
+
+A site process keeps what it has loaded (:data:`LOADED`): the runtime of its node and run
+config and the workers of its last few runs (model, data, method), so a long-lived ClientApp
+process (:mod:`~fedseg.engine.flower.executor`, or an actor of Flower's simulation engine)
+pays for them once per run, not once per message. Every step still starts from the state in
+the site's store, so results do not depend on what was loaded before.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import logging
 import re
 import time
-from collections.abc import Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -33,6 +41,8 @@ from fedseg.methods import FederationSpec, Method, get_method
 from fedseg.models import parse_model
 
 __all__ = [
+    "LOADED",
+    "Loaded",
     "SiteRuntime",
     "fedseg_version",
     "handle_evaluate",
@@ -133,8 +143,48 @@ class SiteRuntime:
         )
 
 
-def _runtime(node_config: Mapping[str, Any], run_config: Mapping[str, Any]) -> SiteRuntime:
-    return SiteRuntime(run_config_of(run_config), SiteConfig.from_node_config(node_config))
+class Loaded:
+    """Site runtimes and workers kept between messages, keyed by everything they are built
+    from; the least recently used beyond ``capacity`` are dropped."""
+
+    def __init__(self, capacity: int = 4) -> None:
+        self.capacity = capacity
+        self.runtimes: OrderedDict[str, SiteRuntime] = OrderedDict()
+        self.workers: OrderedDict[tuple[str, str, str, int], SiteWorker] = OrderedDict()
+
+    def _get(self, cache: OrderedDict[Any, Any], key: Any, build: Callable[[], Any]) -> Any:
+        if key not in cache:
+            cache[key] = build()
+        cache.move_to_end(key)
+        while len(cache) > self.capacity:
+            cache.popitem(last=False)
+        return cache[key]
+
+    @staticmethod
+    def _key(node_config: Mapping[str, Any], run_config: Mapping[str, Any]) -> str:
+        return json.dumps([sorted(node_config.items()), sorted(run_config.items())], default=str)
+
+    def runtime(self, node_config: Mapping[str, Any], run_config: Mapping[str, Any]) -> SiteRuntime:
+        """The runtime of this node and run config (built on first use)."""
+        site = SiteConfig.from_node_config(node_config)
+        key = self._key(node_config, run_config)
+        return self._get(self.runtimes, key, lambda: SiteRuntime(run_config_of(run_config), site))
+
+    def worker(
+        self,
+        node_config: Mapping[str, Any],
+        run_config: Mapping[str, Any],
+        meta: Mapping[str, Any],
+    ) -> SiteWorker:
+        """The worker of this node's site for the run and site view in ``meta``."""
+        rt = self.runtime(node_config, run_config)
+        spec, run_uid, keep = str(meta["spec"]), str(meta["run-uid"]), int(meta["keep"])
+        key = (self._key(node_config, run_config), spec, run_uid, keep)
+        return self._get(self.workers, key, lambda: rt.worker(spec_from_json(spec), run_uid, keep))
+
+
+LOADED = Loaded()
+"""What this process keeps loaded between messages."""
 
 
 def _addressed(rt: SiteRuntime, meta: Mapping[str, Any]) -> None:
@@ -146,7 +196,7 @@ def handle_hello(
     body: RecordDict, node_config: Mapping[str, Any], run_config: Mapping[str, Any]
 ) -> RecordDict:
     """Announce this site: its name and description, and the rounds it has state for."""
-    rt = _runtime(node_config, run_config)
+    rt = LOADED.runtime(node_config, run_config)
     meta = read_meta(body)
     info = rt.describe()
     info["state-rounds"] = rt.store(str(meta["run-uid"])).rounds()
@@ -154,20 +204,16 @@ def handle_hello(
     return content(info)
 
 
-def _worker(rt: SiteRuntime, meta: Mapping[str, Any]) -> SiteWorker:
-    return rt.worker(spec_from_json(str(meta["spec"])), str(meta["run-uid"]), int(meta["keep"]))
-
-
 def handle_train(
     body: RecordDict, node_config: Mapping[str, Any], run_config: Mapping[str, Any]
 ) -> RecordDict:
     """One client step: payload in, upload (plus the step's metrics) out."""
     t0 = time.perf_counter()
-    rt = _runtime(node_config, run_config)
+    rt = LOADED.runtime(node_config, run_config)
     meta = read_meta(body)
     _addressed(rt, meta)
     r = int(meta["round"])
-    res, start = _worker(rt, meta).train(r, read_payload(body))
+    res, start = LOADED.worker(node_config, run_config, meta).train(r, read_payload(body))
     seconds = time.perf_counter() - t0
     log.info(
         "site %s: round %d done in %.1fs (state of round %d)",
@@ -190,10 +236,10 @@ def handle_evaluate(
     body: RecordDict, node_config: Mapping[str, Any], run_config: Mapping[str, Any]
 ) -> RecordDict:
     """Evaluate this site's model on its test split; per-region metrics out."""
-    rt = _runtime(node_config, run_config)
+    rt = LOADED.runtime(node_config, run_config)
     meta = read_meta(body)
     _addressed(rt, meta)
     r = int(meta["round"])
-    ev = _worker(rt, meta).evaluate(r, read_payload(body))
+    ev = LOADED.worker(node_config, run_config, meta).evaluate(r, read_payload(body))
     reply = {"run-uid": meta["run-uid"], "round": r, "site": rt.site.name}
     return content(reply, evaluation=eval_record(ev.metrics, ev.cases, ev.per_case))

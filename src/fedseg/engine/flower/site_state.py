@@ -3,7 +3,9 @@
 After its client step of round ``r`` a site writes ``round-<r>.pt`` (atomically: a crash
 leaves the old files intact) and prunes all but the newest ``keep`` files. A step of round
 ``r`` always starts from the newest state of an *earlier* round, so a server that resumes
-from an older checkpoint and replays a round gets the same inputs as the first time.
+from an older checkpoint and replays a round gets the same inputs as the first time. The
+state this store saved last is also kept in memory, so a long-lived site process does not
+read back the file it has just written.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class SiteStateStore:
     def __init__(self, root: Path, keep: int = 2) -> None:
         self.root = Path(root)
         self.keep = max(keep, 1)
+        self._last: tuple[int, dict[str, Any]] | None = None
 
     def rounds(self) -> list[int]:
         """Rounds with a saved state, oldest first."""
@@ -49,6 +52,7 @@ class SiteStateStore:
         atomic_write_bytes(path, buf.getvalue())
         for old in self.rounds()[: -self.keep]:
             self.path(old).unlink(missing_ok=True)
+        self._last = (r, state)
         return path
 
     def latest_before(self, r: int) -> tuple[int, dict[str, Any]] | None:
@@ -58,6 +62,8 @@ class SiteStateStore:
         if not earlier:
             return None
         k = earlier[-1]
+        if self._last is not None and self._last[0] == k:
+            return self._last
         try:
             return k, torch.load(self.path(k), map_location="cpu", weights_only=True)
         except Exception as e:  # damaged or unsafe file: never executed, always named

@@ -1,0 +1,53 @@
+"""``flower-supernode`` with a shorter idle poll, for federations on loopback.
+
+A Flower 1.41 SuperNode that finds no message waits 3 s before it asks the SuperLink again,
+and checks for its ClientApp's reply every 0.5 s. On loopback, where a round is a few seconds
+of training, that waiting is most of the round. ``python -m fedseg.engine.flower.supernode
+POLL ARGS...`` runs ``flower-supernode ARGS...`` with every such wait capped at ``POLL``
+seconds (more requests to the SuperLink: meant for a few local sites, not for deployments,
+which keep Flower's timing). It relies on the SuperNode loop of the pinned Flower version
+(``flwr.supernode.start_client_internal`` sleeping through its ``time`` module) and refuses
+to start if that module looks different.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import types
+from typing import Any
+
+__all__ = ["CappedClock", "main"]
+
+
+class CappedClock:
+    """The ``time`` module with ``sleep`` capped at ``cap`` seconds."""
+
+    def __init__(self, cap: float) -> None:
+        self.cap = cap
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(min(seconds, self.cap))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``POLL ARGS...``: run ``flower-supernode ARGS...`` with waits capped at POLL seconds."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args:
+        raise SystemExit("usage: python -m fedseg.engine.flower.supernode POLL [ARGS...]")
+    cap = float(args[0])
+    import flwr.supernode.start_client_internal as loop
+    from flwr.supernode.cli import flower_supernode
+
+    if not isinstance(getattr(loop, "time", None), types.ModuleType):
+        raise SystemExit("this Flower version's SuperNode loop is not the one fedseg can tune")
+    loop.time = CappedClock(cap)  # type: ignore[assignment]
+    sys.argv = ["flower-supernode", *args[1:]]
+    flower_supernode()
+
+
+if __name__ == "__main__":
+    main()
