@@ -106,8 +106,12 @@ def test_every_run_has_training_curves(runs: dict[str, Path]) -> None:
     assert longer.shape[1] > imread(runs["seed0"] / "training_curves.png").shape[1]  # + val DSC
 
 
-def test_md_out_file_and_unfinished_run(runs: dict[str, Path], tmp_path: Path) -> None:
+def test_md_out_file_metrics_and_unfinished_run(runs: dict[str, Path], tmp_path: Path) -> None:
     res = cli.invoke(app, ["report", str(runs["seed0"]), "--out", str(tmp_path / "t.md")])
     assert res.exit_code == 0 and "### DSC (%)" in (tmp_path / "t.md").read_text()
+    res = cli.invoke(app, ["report", str(runs["seed0"]), "--metric", "assd"])
+    assert res.exit_code == 0 and "### ASSD" in res.output and "### DSC" not in res.output
+    res = cli.invoke(app, ["report", str(runs["seed0"]), "--metric", "volume"])
+    assert res.exit_code == 2 and "metrics ['volume'] are not in every run" in res.output
     res = cli.invoke(app, ["report", str(runs["seed0"]), str(tmp_path)])
     assert res.exit_code == 2 and "no results.json" in res.output

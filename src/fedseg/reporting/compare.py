@@ -41,16 +41,10 @@ __all__ = [
     "show_value",
 ]
 
-IGNORED_KEYS = (
-    "seed",
-    "eval.every",
-    "eval.batch_size",
-    "engine.device",
-    "engine.threads",
-    "engine.checkpoint_every",
-)
-"""Config keys that do not define a row: seeds are repeats, the rest change only speed
-or what is logged during training."""
+IGNORED_KEYS = ("seed", "eval.every", "eval.batch_size")
+"""Config keys that do not define a row: seeds are repeats, the others change only what is
+logged during training or the speed, as do all ``engine.*`` keys (the engines give
+bit-identical results, docs/architecture.md)."""
 
 
 @dataclass
@@ -110,6 +104,9 @@ class Report:
         return [run for s in self.sections for row in s.rows for run in row.runs]
 
 
+_UNSET = object()
+
+
 def load_results(run_dir: Path) -> dict[str, Any]:
     """Read ``results.json`` of a finished run."""
     return load_run(run_dir).results
@@ -129,7 +126,7 @@ def _config_of(run: Run) -> dict[str, Any]:
 
 
 def _defining(cfg: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in cfg.items() if k not in IGNORED_KEYS}
+    return {k: v for k, v in cfg.items() if k not in IGNORED_KEYS and not k.startswith("engine.")}
 
 
 def show_value(value: Any) -> str:
@@ -171,23 +168,31 @@ def _section(task: str, sites: list[str], regions: list[str], runs: list[Run]) -
         configs[key] = cfg
         row = rows.setdefault(key, Row(str(cfg.get("name", run.name)), key, []))
         row.runs.append(run)
-    keys = sorted({k for cfg in configs.values() for k in cfg})
-    differing = [k for k in keys if len({repr(cfg.get(k)) for cfg in configs.values()}) > 1]
-    names = [row.name for row in rows.values()]
+    differing = _differing(list(configs.values()))
     for row in rows.values():
         cfg = configs[row.key]
-        row.settings = {k: cfg.get(k) for k in differing if k != "name"}
-        shown = ", ".join(f"{k}={show_value(v)}" for k, v in row.settings.items())
-        row.label = f"{row.name} ({shown})" if names.count(row.name) > 1 and shown else row.name
+        row.settings = {k: cfg[k] for k in differing if k != "name" and k in cfg}
+        twins = [configs[r.key] for r in rows.values() if r.name == row.name]
+        own = {k: cfg[k] for k in _differing(twins) if k in cfg}  # vs rows of the same name
+        shown = ", ".join(f"{k}={show_value(v)}" for k, v in own.items())
+        row.label = f"{row.name} ({shown})" if shown else row.name
     warnings = []
     for k in differing:
         if k == "name" or k.startswith("method."):
             continue
-        values = "; ".join(
-            f"{row.label}: {show_value(configs[row.key].get(k))}" for row in rows.values()
-        )
+        by_value: dict[str, list[str]] = {}
+        for row in rows.values():
+            value = show_value(configs[row.key][k]) if k in configs[row.key] else "unset"
+            by_value.setdefault(value, []).append(row.label)
+        values = "; ".join(f"{v} in {', '.join(labels)}" for v, labels in by_value.items())
         warnings.append(f"{task}: rows differ in {k} ({values}), not only in the method")
     return Section(task, sites, regions, list(rows.values()), warnings)
+
+
+def _differing(configs: list[dict[str, Any]]) -> list[str]:
+    """Keys whose value (or presence) is not the same in every config."""
+    keys = sorted({k for cfg in configs for k in cfg})
+    return [k for k in keys if len({repr(cfg.get(k, _UNSET)) for cfg in configs}) > 1]
 
 
 def report_metrics(section: Section, metrics: tuple[str, ...] | None) -> tuple[str, ...]:

@@ -31,6 +31,7 @@ from fedseg.reporting.runs import Run, load_run
 __all__ = ["report_html", "write_report"]
 
 Figures = dict[str, list[tuple[str, Path]]]
+RUN_CURVES = "training curves of"
 
 _CSS = """
 body{font-family:sans-serif;margin:24px;color:#222;max-width:1400px}
@@ -40,6 +41,7 @@ th:first-child,td:first-child{text-align:left}
 th{background:#e8e8e8}
 .warn{background:#fff3cd;border:1px solid #c9a400;padding:6px 10px;margin:6px 0}
 img{display:block;margin:8px 0;max-width:100%}
+.runs img{display:inline-block;width:49%;margin:4px 0.5% 4px 0}
 """
 
 
@@ -65,7 +67,7 @@ def write_report(
             if run.rounds:
                 path = figs / f"run_{k}_{i}.png"
                 plot_training_curves(run.rounds, path, title=f"{run.name}: {run.dir.name}")
-                shown.append((f"training curves of {run.dir}", path))
+                shown.append((f"{RUN_CURVES} {run.dir}", path))
     rel = {t: [(c, os.path.relpath(p, out)) for c, p in items] for t, items in figures.items()}
     written = [
         _write(out / "report.md", report_markdown(report, metrics, rel, out)),
@@ -131,7 +133,13 @@ def report_html(
         parts += [_table(section, m, k) for m in report_metrics(section, metrics)]
         if any(len(r.runs) > 1 for r in section.rows):
             parts.append("<p>Cells with several seeds: mean ± sample standard deviation.</p>")
-        parts += [_img(p, c) for c, p in figures.get(section.title, [])]
+        shown = figures.get(section.title, [])
+        parts += [_img(p, c) for c, p in shown if not c.startswith(RUN_CURVES)]
+        per_run = [_img(p, c) for c, p in shown if c.startswith(RUN_CURVES)]
+        if per_run:
+            parts.append(
+                f'<h3>Training curves per run</h3><div class="runs">{"".join(per_run)}</div>'
+            )
         runs = "".join(_links(run, out) for row in section.rows for run in row.runs)
         parts.append(f"<h3>Run files</h3><ul>{runs}</ul>")
     body = "\n".join(parts)

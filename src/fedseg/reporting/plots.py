@@ -75,7 +75,7 @@ def val_dsc_history(records: list[dict[str, Any]]) -> dict[str, list[tuple[int, 
 def plot_training_curves(
     records: list[dict[str, Any]], out: Path, title: str = "training curves"
 ) -> Path:
-    """Training loss per site per round and, when the run evaluated periodically, validation
+    """Training loss per site per round and, when the run evaluated periodically, the
     DSC per site per round (a second panel) as a PNG."""
     import matplotlib
 
@@ -86,7 +86,7 @@ def plot_training_curves(
     panels = [("training loss", loss_history(records), False)]
     val = val_dsc_history(records)
     if val:
-        panels.append(("validation DSC (%)", val, True))
+        panels.append(("DSC at periodic evaluation (%)", val, True))
     fig, axes = plt.subplots(
         1, len(panels), figsize=(4.6 * len(panels) + 1.2, 3.4), dpi=100, squeeze=False
     )
@@ -171,7 +171,7 @@ def plot_site_bars(section: Section, metric: str, out: Path) -> Path:
 
 def plot_row_curves(section: Section, out: Path) -> Path:
     """Training loss (mean over sites) per round, one line per row (mean over its seeds), and
-    validation DSC (mean over sites) per round when the runs evaluated periodically."""
+    DSC of the periodic evaluation (``eval.every``; mean over sites) when the runs made one."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -187,7 +187,7 @@ def plot_row_curves(section: Section, out: Path) -> Path:
 
     panels = [("training loss (mean over sites)", loss_history, 1.0)]
     if any(val_dsc_history(run.rounds) for row in section.rows for run in row.runs):
-        panels.append(("validation DSC (%, mean over sites)", val_dsc_history, 100.0))
+        panels.append(("DSC at periodic evaluation (%, mean over sites)", val_dsc_history, 100.0))
     fig, axes = plt.subplots(
         1, len(panels), figsize=(4.6 * len(panels) + 2.4, 3.4), dpi=100, squeeze=False
     )
