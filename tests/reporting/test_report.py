@@ -15,7 +15,7 @@ from matplotlib.image import imread
 from typer.testing import CliRunner
 
 from fedseg.cli import app
-from fedseg.reporting.compare import build_report, report_csv, report_markdown
+from fedseg.reporting.compare import build_report, comparison_table, report_csv, report_markdown
 from fedseg.reporting.runs import load_run
 
 cli = CliRunner()
@@ -115,3 +115,18 @@ def test_md_out_file_metrics_and_unfinished_run(runs: dict[str, Path], tmp_path:
     assert res.exit_code == 2 and "metrics ['volume'] are not in every run" in res.output
     res = cli.invoke(app, ["report", str(runs["seed0"]), str(tmp_path)])
     assert res.exit_code == 2 and "no results.json" in res.output
+
+
+def test_comparison_table_of_loaded_results(runs: dict[str, Path]) -> None:
+    """The results-only entry point (used by the reproduce harness) pools seeds the same way
+    and lists no run files for runs it has no directory of."""
+    results = [json.loads((runs[k] / "results.json").read_text()) for k in ("seed0", "seed1")]
+    text = comparison_table(results)
+    mean, std = (
+        build_report([load_run(runs["seed0"]), load_run(runs["seed1"])])
+        .sections[0]
+        .rows[0]
+        .stat("dsc", "A", "polyp")
+    )
+    assert _md_row(text, "fedavg")[:3] == ["fedavg", "0, 1", f"{100 * mean:.2f} ± {100 * std:.2f}"]
+    assert "Run files" not in text

@@ -266,8 +266,9 @@ def report_markdown(
             out += ["Cells with several seeds: mean ± sample standard deviation.", ""]
         for caption, path in (figures or {}).get(section.title, []):
             out += [f"![{caption}]({path})", ""]
-        out += ["### Run files", ""]
-        for run in (run for row in section.rows for run in row.runs):
+        on_disk = [run for run in _all(section) if run.dir.is_dir()]
+        out += ["### Run files", ""] if on_disk else []
+        for run in on_disk:
             links = ", ".join(f"[{p.name}]({_rel(p, base)})" for p in run_files(run))
             out.append(f"- {run.name} ({run.dir}): {links or 'no files'}")
             if any("affinity" in (rec.get("server") or {}) for rec in run.rounds):
