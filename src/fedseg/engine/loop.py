@@ -288,7 +288,12 @@ class Federation:
         directory is locked meanwhile; a new run needs it empty (or ``overwrite``)."""
         with self.dir.lock():
             self.dir.clean_temporary()
-            return self._run(resume, on_round, overwrite)
+            try:
+                return self._run(resume, on_round, overwrite)
+            finally:
+                close = getattr(self.link, "close", None)  # worker processes, if any
+                if close is not None:
+                    close()
 
     def _run(self, resume: bool, on_round: RoundCallback | None, overwrite: bool) -> dict[str, Any]:
         start, timing = self._start(resume, overwrite)

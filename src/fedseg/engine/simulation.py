@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedseg.engine.link import InMemoryLink
 from fedseg.engine.loop import RoundLoop, RoundPolicy
+from fedseg.engine.pool import in_memory_link
 from fedseg.engine.server import ServerCore, method_spec
 from fedseg.engine.sites import SiteData
 from fedseg.engine.worker import SiteWorker
@@ -25,7 +25,9 @@ __all__ = ["Simulation"]
 
 
 class Simulation:
-    """Sites trained one after another on one device, in this process.
+    """Sites trained one after another on one device, in this process (or, with
+    ``workers`` > 1, in that many worker processes with identical results; :meth:`close`
+    stops them).
 
     ``sites`` are the real sites (a pooled method trains one virtual site on their union and
     is evaluated on each of them).
@@ -39,10 +41,19 @@ class Simulation:
         *,
         seed: int = 0,
         device: torch.device | str = "cpu",
+        workers: int = 1,
+        threads: int = 0,
     ) -> None:
         self.method, self._train = method, train
-        self.link = InMemoryLink(
-            method.spec, sites, {"fg": [1]}, train=train, seed=seed, device=device
+        self.link = in_memory_link(
+            method.spec,
+            sites,
+            {"fg": [1]},
+            train=train,
+            seed=seed,
+            device=device,
+            workers=workers,
+            threads=threads,
         )
         self.link.bind(method)
         self.server = ServerCore(method, train, seed)
@@ -118,6 +129,12 @@ class Simulation:
 
     def _worker(self, name: str) -> SiteWorker:
         return self.link.workers.get(name) or next(iter(self.link.workers.values()))
+
+    def close(self) -> None:
+        """Stop the worker processes of ``workers`` > 1 (nothing otherwise)."""
+        close = getattr(self.link, "close", None)
+        if close is not None:
+            close()
 
     # -- work ----------------------------------------------------------------------------
     def round(self, r: int, participants: Sequence[str] | None = None) -> dict[str, Any]:

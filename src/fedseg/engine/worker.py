@@ -94,7 +94,8 @@ class SiteWorker:
     """One site's client steps and evaluations for ``method``.
 
     ``model`` is the workspace network (initial weights from :func:`initial_model`);
-    ``regions`` and ``eval_batch_size`` configure evaluation.
+    ``regions`` and ``eval_batch_size`` configure evaluation; ``initial`` is the site's state
+    before round 1 when another process computed it.
     """
 
     def __init__(
@@ -110,15 +111,18 @@ class SiteWorker:
         regions: Mapping[str, Sequence[int]],
         eval_batch_size: int,
         download: Template | None = None,
+        initial: SiteState | None = None,
     ) -> None:
         self.method, self.data, self.train_cfg = method, data, train
         self.seed, self.device, self.model, self.store = seed, device, model, store
         self.regions, self.eval_batch_size = dict(regions), eval_batch_size
         self.download = download if download is not None else method.download_template(model)
-        site = data.spec
-        with seeded(derive_seed(seed, -1, site.index), device):
-            self.initial: SiteState = {"method": method.init_client(model, site), "optimizer": {}}
-        """The state before round 1, taken from the initial model before any training."""
+        if initial is None:
+            with seeded(derive_seed(seed, -1, data.spec.index), device):
+                initial = {"method": method.init_client(model, data.spec), "optimizer": {}}
+        self.initial: SiteState = initial
+        """The state before round 1, taken from the initial model before any training (or
+        ``initial``: the one another process took)."""
 
     @property
     def name(self) -> str:

@@ -1,0 +1,88 @@
+"""Sites of a round in worker processes (``engine.workers``): results identical to the
+sequential engine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from fedseg.config import RunConfig
+from fedseg.engine.pool import ParallelLink
+from fedseg.engine.simulation import Simulation
+from fedseg.methods import TrainSettings, get_method
+from fedseg.testing import toy_federation
+
+TRAIN = TrainSettings(rounds=2, local_iters=2, batch_size=4)
+REGIONS = {"fg": [1]}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _run(name: str, workers: int) -> tuple[Simulation, list[dict], dict]:
+    spec, sites = toy_federation(3, size=32, with_val=True)
+    cls = get_method(name)
+    method = cls(cls.Config(), Simulation.method_spec(cls, spec, sites))
+    sim = Simulation(method, sites, TRAIN, seed=3, workers=workers, threads=1)
+    try:
+        records = [sim.round(r) for r in range(TRAIN.rounds)]
+        return sim, records, sim.evaluate(REGIONS)
+    finally:
+        sim.close()
+
+
+def _assert_equal(a, b, where: str = "") -> None:
+    """Exact equality of nested tensors, numbers and containers."""
+    if torch.is_tensor(a):
+        assert torch.is_tensor(b) and a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), where
+        for k in a:
+            _assert_equal(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _assert_equal(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedlppa", "centralized"])
+def test_two_workers_bit_identical_to_sequential(name: str) -> None:
+    seq, seq_rec, seq_ev = _run(name, 1)
+    par, par_rec, par_ev = _run(name, 2)
+    assert isinstance(par.link, ParallelLink) and not isinstance(seq.link, ParallelLink)
+    for a, b in zip(seq_rec, par_rec, strict=True):
+        _assert_equal(a["clients"], b["clients"], "client metrics")
+        assert a["comm"] == b["comm"] and a["participants"] == b["participants"]
+    for site, payload in seq.payloads.items():
+        _assert_equal(payload.tensors, par.payloads[site].tensors, f"payload {site}")
+    _assert_equal(seq.states, par.states, "private states")
+    _assert_equal(seq.server_state, par.server_state, "server state")
+    _assert_equal(seq_ev, par_ev, "evaluation")
+    assert set(seq_ev) == {"site0", "site1", "site2"}
+    assert any(float(m["loss"]) > 0 for m in seq_rec[-1]["clients"].values())
+
+
+def test_parallel_steps_start_from_the_saved_private_state() -> None:
+    """A second round continues each site's own state: the state after round 1 differs from
+    the initial one for a method with private weights."""
+    sim, _, _ = _run("fedbn", 2)
+    for name, worker in sim.link.workers.items():
+        saved = worker.store.saved
+        assert saved is not None and saved[0] == TRAIN.rounds - 1, name
+        first = next(iter(saved[1]["method"]["weights"]))
+        assert not torch.equal(
+            saved[1]["method"]["weights"][first], worker.initial["method"]["weights"][first]
+        )
+
+
+def test_workers_must_be_positive() -> None:
+    with pytest.raises(ValidationError, match="workers"):
+        RunConfig.model_validate({"data": {"root": "x"}, "engine": {"workers": 0}})
