@@ -7,23 +7,17 @@ Usage:
 Each ``method:labels`` pair (``labels`` = weak | full) runs the base config with that method
 (method settings come from the base config's ``method_settings.<name>`` block, if any). Run
 directories go to ``OUT/<method>-<labels>``; the table (DSC and HD95 per site and average,
-like FedLPPA's Tables II-V) and the wall time of every run go to ``OUT/report.md``.
+like FedLPPA's Tables II-V) and the wall time of every run go to ``OUT/report.md``. The
+harness is :func:`fedseg.reproduce.compare_methods`; paper tables: ``fedseg reproduce``.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import logging
-import time
 from pathlib import Path
 
-import yaml
-
-from fedseg.config import apply_overrides, parse_config
-from fedseg.engine.runner import InProcessRunner
-from fedseg.outputs import write_run_outputs
-from fedseg.reporting.compare import comparison_table
+from fedseg.reproduce import compare_methods
 
 
 def main() -> None:
@@ -36,30 +30,8 @@ def main() -> None:
     ap.add_argument("--set", dest="overrides", nargs="*", default=[], help="key.sub=value")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    base = yaml.safe_load(args.config.read_text())
-    settings = base.pop("method_settings", {}) or {}
-
-    base = apply_overrides(base, args.overrides)
-    results, times = [], []
-    for item in args.runs:
-        method, _, labels = item.partition(":")
-        raw = copy.deepcopy(base)
-        raw["method"] = {"name": method, **settings.get(method, {})}
-        raw["data"]["labels"] = labels or "weak"
-        raw["name"] = f"{method}-{raw['data']['labels']}"
-        t0 = time.perf_counter()
-        run_dir = args.out / raw["name"]
-        res = InProcessRunner(parse_config(raw, str(args.config)), run_dir).run()
-        write_run_outputs(run_dir, res)
-        times.append((raw["name"], time.perf_counter() - t0))
-        results.append(res)
-        avg = res["average"]["dsc"]
-        mean = 100 * sum(avg.values()) / len(avg)
-        print(f"{raw['name']:>24}: mean DSC {mean:.2f}  ({times[-1][1]:.0f}s)")
-    lines = [comparison_table(results), "## Wall time", "", "| run | seconds |", "|---|---|"]
-    lines += [f"| {n} | {t:.0f} |" for n, t in times]
-    (args.out / "report.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {args.out / 'report.md'}")
+    report = compare_methods(args.config, args.runs, args.out, args.overrides)
+    print(f"wrote {report}")
 
 
 if __name__ == "__main__":

@@ -203,6 +203,60 @@ def report(
         console.print(text, markup=False)
 
 
+@app.command()
+def reproduce(
+    paper: Annotated[str | None, typer.Argument(help="Paper (see --list).")] = None,
+    table: Annotated[str | None, typer.Argument(help="Table of the paper (see --list).")] = None,
+    budget: Annotated[
+        str, typer.Option(help="smoke (2 rounds, 32 px), cpu (shipped configs) or paper.")
+    ] = "smoke",
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Folder for the runs and table.md (default runs/reproduce/...)."),
+    ] = None,
+    seeds: Annotated[int, typer.Option(help="Seeds per row (mean ± std when > 1).")] = 1,
+    row: Annotated[
+        list[str] | None, typer.Option(help="Only this row (label or 1-based index; repeatable).")
+    ] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Override for every run: key.sub=value.")
+    ] = None,
+    list_: Annotated[bool, typer.Option("--list", help="List papers and tables.")] = False,
+) -> None:
+    """Run every row of a paper table at a budget; render it beside the published numbers."""
+    from fedseg.reproduce import list_papers, load_paper
+    from fedseg.reproduce import reproduce as run_table
+
+    try:
+        if list_ or paper is None or table is None:
+            if not list_:
+                raise typer.BadParameter("give PAPER and TABLE, or --list")
+            listing = Table("paper", "table", "rows", "title")
+            for name in list_papers():
+                p = load_paper(name)
+                for t in p.tables.values():
+                    listing.add_row(name, t.name, str(len(t.rows)), t.title)
+            console.print(listing)
+            return
+        logging.basicConfig(level=logging.WARNING, force=True)
+        rep = run_table(
+            paper,
+            table,
+            budget,
+            out,
+            seeds,
+            set_ or [],
+            row,
+            on_run=lambda name, _, s: err.print(f"{name}: done in {s:.0f}s", highlight=False),
+        )
+    except FedsegError as e:
+        fail(e)
+    from fedseg.reproduce import render_markdown
+
+    console.print(render_markdown(rep), markup=False, soft_wrap=True)
+    console.print(f"wrote {rep.out / 'table.md'} and table.csv")
+
+
 _mount_subapps()
 
 if __name__ == "__main__":  # pragma: no cover
