@@ -77,6 +77,11 @@ class EngineSettings(_Strict):
     threads: int = Field(0, ge=0)
     """CPU threads for torch (0: torch's default). Use 1 when other jobs share the CPU:
     oversubscribed threads slow training down many times over."""
+    workers: int = Field(1, ge=1)
+    """Processes that train (and evaluate) the sites of a round in parallel with the
+    in-process engine (1: one after another). Results are identical to ``workers: 1`` at the
+    same torch threads per process; ``threads`` (0: torch's default divided by ``workers``)
+    is per worker process."""
     backend: str | dict[str, Any] = "inprocess"
     """Where the sites run: ``inprocess`` (default: one process, sites one after another) or
     ``flower-sim`` (Flower's Ray-based simulation engine, sites in parallel), or a mapping
