@@ -12,7 +12,8 @@ scribble, point, block, box (-> block), it trains:
 - ``fedavg``: FedAvg on the weak labels;
 - ``lt_weak`` / ``lt_full``: local training on weak labels / on the full masks;
 
-and prints, per arm, the mean test DSC over sites per class, the wall time, and for FedLPPA the
+and prints, per arm, the mean test DSC over sites per class, precision and recall (mean over
+sites and classes), the wall time, and for FedLPPA the
 last round's LA statistics (mean weight and local share of the main decoder, mean over sites)
 and the affinity drift. ``--arms`` picks arms. Nothing here is tuned: every arm uses the
 same ``train`` settings, and FedLPPA its documented defaults.
@@ -63,7 +64,12 @@ def run_arm(root: Path, arm: str, train: TrainSettings, seed: int) -> dict[str, 
         region: sum(res["metrics"]["dsc"][region] for res in results.values()) / len(results)
         for region in regions
     }
-    out: dict[str, Any] = {"dsc": dsc, "seconds": time.perf_counter() - start}
+    pr = {
+        m: sum(res["metrics"][m][region] for res in results.values() for region in regions)
+        / (len(results) * len(regions))
+        for m in ("precision", "recall")
+    }
+    out: dict[str, Any] = {"dsc": dsc, **pr, "seconds": time.perf_counter() - start}
     clients = list(last.get("clients", {}).values())
     if clients and "la_main_mean" in clients[0]:
         out["la_main_mean"] = sum(c["la_main_mean"] for c in clients) / len(clients)
@@ -106,12 +112,14 @@ def main() -> None:
         rows = {arm: run_arm(root, arm, train, args.seed) for arm in args.arms.split(",")}
     regions = list(next(iter(rows.values()))["dsc"])
     print(
-        "| arm | " + " | ".join(f"DSC {r}" for r in regions) + " | LA W main | LA local "
-        "share | affinity drift | s |"
+        "| arm | "
+        + " | ".join(f"DSC {r}" for r in regions)
+        + " | precision | recall | LA W main | LA local share | affinity drift | s |"
     )
-    print("|---" * (len(regions) + 5) + "|")
+    print("|---" * (len(regions) + 7) + "|")
     for arm, row in rows.items():
         cells = [f"{100 * row['dsc'][r]:.1f}" for r in regions]
+        cells += [f"{100 * row[m]:.1f}" for m in ("precision", "recall")]
         extra = [
             f"{row[k]:.4f}" if k in row else "-"
             for k in ("la_main_mean", "la_main_local_share", "affinity_drift")
