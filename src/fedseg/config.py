@@ -27,6 +27,7 @@ __all__ = [
     "EvalSettings",
     "RunConfig",
     "SynthSettings",
+    "TrackingSettings",
     "apply_overrides",
     "load_config",
 ]
@@ -89,6 +90,15 @@ class EngineSettings(_Strict):
     auto}`` (checked when the run starts; docs/deployment.md)."""
 
 
+class TrackingSettings(_Strict):
+    """Live logging of every round (``fedseg.tracking``; docs/config.md#tracking)."""
+
+    tensorboard: bool = False
+    """TensorBoard event files in ``<run dir>/tensorboard`` (needs ``tensorboard``)."""
+    mlflow: bool = False
+    """MLflow metrics per round (needs ``mlflow``; ``MLFLOW_TRACKING_URI`` picks the server)."""
+
+
 class RunConfig(_Strict):
     """A whole run: data, method, training, evaluation and engine settings."""
 
@@ -101,6 +111,7 @@ class RunConfig(_Strict):
     train: TrainSettings = TrainSettings()
     eval: EvalSettings = EvalSettings()
     engine: EngineSettings = EngineSettings()
+    tracking: TrackingSettings = TrackingSettings()
 
     @field_validator("method")
     @classmethod

@@ -30,6 +30,7 @@ from fedseg.engine.worker import EvalReply, TrainReply
 from fedseg.errors import ConfigError, FedsegError, UploadError
 from fedseg.methods import FederationSpec
 from fedseg.methods.base import payload_size
+from fedseg.tracking import round_listener
 
 __all__ = ["Federation", "RoundLoop", "RoundPolicy", "loss_summary", "wait_for_sites"]
 
@@ -286,10 +287,10 @@ class Federation:
     ) -> dict[str, Any]:
         """Train every remaining round, evaluate every site, write the results. The run
         directory is locked meanwhile; a new run needs it empty (or ``overwrite``)."""
-        with self.dir.lock():
+        with self.dir.lock(), round_listener(self.cfg.tracking, self.dir.path, on_round) as hook:
             self.dir.clean_temporary()
             try:
-                return self._run(resume, on_round, overwrite)
+                return self._run(resume, hook, overwrite)
             finally:
                 close = getattr(self.link, "close", None)  # worker processes, if any
                 if close is not None:
