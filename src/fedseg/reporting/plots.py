@@ -88,7 +88,7 @@ def plot_training_curves(
     if val:
         panels.append(("DSC at periodic evaluation (%)", val, True))
     fig, axes = plt.subplots(
-        1, len(panels), figsize=(4.6 * len(panels) + 1.2, 3.4), dpi=100, squeeze=False
+        1, len(panels), figsize=(4.6 * len(panels) + 1.2, 3.4), dpi=100, squeeze=False, sharex=True
     )
     for ax, (label, history, percent) in zip(axes[0], panels, strict=True):
         for site, points in history.items():
@@ -105,7 +105,7 @@ def plot_training_curves(
     fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
+    fig.savefig(out, bbox_inches="tight")  # keeps the legend right of the axes
     plt.close(fig)
     return out
 
@@ -122,8 +122,8 @@ def affinity_table(run_dir: Path) -> str:
 
 
 def plot_site_bars(section: Section, metric: str, out: Path) -> Path:
-    """Grouped bars per site (and the average), one bar per row, one panel per region; error
-    bars are the standard deviation over seeds when a row has several runs."""
+    """Grouped bars per site (and the average), one bar per row, one panel per region (stacked);
+    error bars are the standard deviation over seeds when a row has several runs."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -133,16 +133,16 @@ def plot_site_bars(section: Section, metric: str, out: Path) -> Path:
     sites = [*section.sites, "Average"]
     n_rows, n_reg = len(section.rows), len(section.regions)
     scale = 1.0 if metric in DISTANCES else 100.0
-    fig, axes = plt.subplots(
-        1,
+    fig, axes = plt.subplots(  # regions stacked: many rows x sites stay within a page
         n_reg,
-        figsize=(max(4.0, 0.5 + len(sites) * (0.35 + 0.22 * n_rows)) * n_reg + 2.2, 3.4),
+        1,
+        figsize=(max(5.0, 0.8 + len(sites) * (0.3 + 0.18 * n_rows)) + 2.6, 0.4 + 2.8 * n_reg),
         dpi=100,
         squeeze=False,
     )
     width = 0.8 / n_rows
     x = np.arange(len(sites))
-    for ax, region in zip(axes[0], section.regions, strict=True):
+    for ax, region in zip(axes[:, 0], section.regions, strict=True):
         for i, row in enumerate(section.rows):
             stats = [row.stat(metric, s, region) for s in sites]
             means = [scale * m for m, _ in stats]
@@ -160,11 +160,11 @@ def plot_site_bars(section: Section, metric: str, out: Path) -> Path:
         ax.set_ylabel(f"{metric.upper()}{'' if metric in DISTANCES else ' (%)'}")
         ax.set_ylim(*((0, None) if metric in DISTANCES else (0, 100)))
         ax.grid(axis="y", alpha=0.3)
-    axes[0, -1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1))
+    axes[0, 0].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1))
     fig.suptitle(f"{section.task}: {metric.upper()} per site", fontsize=10)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
+    fig.savefig(out, bbox_inches="tight")  # keeps the legend right of the axes
     plt.close(fig)
     return out
 
@@ -189,7 +189,7 @@ def plot_row_curves(section: Section, out: Path) -> Path:
     if any(val_dsc_history(run.rounds) for row in section.rows for run in row.runs):
         panels.append(("DSC at periodic evaluation (%, mean over sites)", val_dsc_history, 100.0))
     fig, axes = plt.subplots(
-        1, len(panels), figsize=(4.6 * len(panels) + 2.4, 3.4), dpi=100, squeeze=False
+        1, len(panels), figsize=(4.6 * len(panels) + 2.4, 3.4), dpi=100, squeeze=False, sharex=True
     )
     for ax, (label, history, scale) in zip(axes[0], panels, strict=True):
         for row in section.rows:
@@ -209,6 +209,6 @@ def plot_row_curves(section: Section, out: Path) -> Path:
     fig.suptitle(f"{section.task}: learning curves", fontsize=10)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
+    fig.savefig(out, bbox_inches="tight")  # keeps the legend right of the axes
     plt.close(fig)
     return out

@@ -57,7 +57,7 @@ def plot_weights(
     fig = weights_figure(rounds, title, sizes)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
+    fig.savefig(out, bbox_inches="tight")  # keeps the legend right of the axes
     plt.close(fig)
     return out
 
