@@ -1,0 +1,113 @@
+"""``fedseg export``: a run's evaluation models as plain PyTorch files (and TorchScript).
+
+``DIR/<site>.pt`` (and ``DIR/global.pt`` when the method has a global model) is a
+``torch.save`` of plain data, loadable with ``torch.load(weights_only=True)``:
+
+- ``state_dict``: the evaluation model's weights and buffers,
+- ``config``: the run's resolved config (``config.yaml`` as a mapping), ``spec``: the
+  federation spec (JSON), ``info``: :class:`~fedseg.inference.ModelInfo` (class names,
+  channels, training size, regions, normalisation),
+- ``rebuildable``: whether the method's network with ``state_dict`` reproduces the evaluation
+  model's label maps on the site's test images (False when the evaluation model carries more
+  than weights, e.g. a site index or a routed mixture; then only TorchScript reproduces it).
+
+``--torchscript`` adds ``DIR/<site>.torchscript.pt``: the traced model plus the method's
+``segment`` hook, images ``[N, C, *training size]`` -> label maps ``[N, *S]``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from fedseg.config import dump_config, parse_config
+from fedseg.engine.server import make_method, spec_from_json, spec_to_json
+from fedseg.engine.worker import initial_model
+from fedseg.errors import ConfigError, DataError
+from fedseg.inference import GLOBAL, ModelInfo, RunModels, SiteModel, label_map_module, labels_of
+
+__all__ = ["FORMAT", "export_run", "load_exported", "torchscript_path"]
+
+FORMAT = "fedseg-model/1"
+
+
+def torchscript_path(path: Path) -> Path:
+    """Where the TorchScript file of the export ``path`` lies (``<name>.torchscript.pt``)."""
+    return path.with_name(path.name.removesuffix(".pt") + ".torchscript.pt")
+
+
+def export_run(
+    models: RunModels,
+    out: str | Path,
+    names: list[str] | None = None,
+    *,
+    torchscript: bool = False,
+) -> list[Path]:
+    """Export the models ``names`` (default: every site and the global model) of a run."""
+    names = names or models.model_names()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in names:
+        sm = models.site_model(name)
+        probe = models.sites[models.site_names[0] if name == GLOBAL else name].test_images
+        probe = probe[: models.cfg.eval.batch_size]
+        state = {k: v.detach().cpu() for k, v in sm.model.state_dict().items()}
+        record: dict[str, Any] = {
+            "format": FORMAT,
+            "state_dict": state,
+            "config": yaml.safe_load(dump_config(models.cfg)),
+            "spec": spec_to_json(models.spec),
+            "info": sm.info.to_dict(),
+            "rebuildable": _rebuildable(models, state, sm, probe),
+        }
+        path = out / f"{name}.pt"
+        torch.save(record, path)
+        written.append(path)
+        if torchscript:
+            traced = torch.jit.trace(label_map_module(sm), probe[:1].to(sm.device))
+            traced.save(str(torchscript_path(path)))
+            written.append(torchscript_path(path))
+    return written
+
+
+def _rebuildable(
+    models: RunModels, state: dict[str, torch.Tensor], sm: SiteModel, probe: torch.Tensor
+) -> bool:
+    """Whether the method's network loaded with ``state`` gives ``sm``'s label maps."""
+    fresh = initial_model(models.method, models.cfg.seed, sm.device)
+    try:
+        fresh.load_state_dict(state, strict=True)
+    except (RuntimeError, KeyError):
+        return False
+    rebuilt = SiteModel(fresh, sm.segment, sm.info, sm.device)
+    return bool(torch.equal(rebuilt.label_maps(probe), sm.label_maps(probe)))
+
+
+def load_exported(path: str | Path, device: torch.device | str = "cpu") -> SiteModel:
+    """The model of an export: the method's network with the saved weights, or (when those
+    do not reproduce the evaluation model) the TorchScript file beside it."""
+    path = Path(path)
+    try:
+        record = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # any unreadable or unsafe file
+        raise DataError(f"{path}: not readable as a fedseg export ({e})") from None
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        raise DataError(f"{path}: not a fedseg export (expected format {FORMAT!r})")
+    info, device = ModelInfo.from_dict(record["info"]), torch.device(device)
+    cfg = parse_config(record["config"], str(path))
+    method = make_method(cfg, spec_from_json(record["spec"]))
+    if record["rebuildable"]:
+        model = initial_model(method, cfg.seed, device)
+        model.load_state_dict(record["state_dict"])
+        return SiteModel(model.eval(), method.segment, info, device)
+    ts = torchscript_path(path)
+    if not ts.is_file():
+        raise ConfigError(
+            f"{path}: the {info.method} model of {info.site!r} is more than its weights; "
+            f"export it with --torchscript ({ts.name}) or predict from the run directory"
+        )
+    return SiteModel(torch.jit.load(str(ts), map_location=device).eval(), labels_of, info, device)
