@@ -257,6 +257,92 @@ def reproduce(
     console.print(f"wrote {rep.out / 'table.md'} and table.csv")
 
 
+@app.command()
+def export(
+    run_dir: Annotated[Path, typer.Argument(help="Finished run directory.")],
+    out: Annotated[Path, typer.Option(help="Folder for <site>.pt (and global.pt).")],
+    site: Annotated[
+        list[str] | None,
+        typer.Option(help="Site to export (repeatable; 'global': the global model)."),
+    ] = None,
+    all_: Annotated[
+        bool, typer.Option("--all", help="Every site and the global model (the default).")
+    ] = False,
+    torchscript: Annotated[
+        bool, typer.Option(help="Also write <site>.torchscript.pt (images -> label maps).")
+    ] = False,
+    data: Annotated[
+        Path | None, typer.Option(help="Federation folder, if not the run's data.root.")
+    ] = None,
+) -> None:
+    """Write each site's evaluation model as a PyTorch state dict with its config and label
+    map (and TorchScript); see docs/predict.md."""
+    from fedseg.export import export_run
+    from fedseg.inference import RunModels
+
+    try:
+        if site and all_:
+            raise typer.BadParameter("give --site or --all, not both")
+        models = RunModels(run_dir, data_root=data)
+        written = export_run(models, out, list(site) if site else None, torchscript=torchscript)
+    except FedsegError as e:
+        fail(e)
+    console.print(f"wrote {', '.join(str(p) for p in written)}")
+
+
+@app.command()
+def predict(
+    source: Annotated[Path, typer.Argument(help="Run directory, or a <site>.pt from export.")],
+    input_: Annotated[
+        Path, typer.Option("--input", help="Folder of PNG/JPG images or NIfTI volumes.")
+    ],
+    out: Annotated[Path, typer.Option(help="Folder for the masks.")],
+    site: Annotated[
+        str | None, typer.Option(help="Site whose model predicts ('global': the global model).")
+    ] = None,
+    fit: Annotated[
+        str,
+        typer.Option(
+            help="Volumes of a 3D model: window (sliding windows of the training size) or "
+            "resize (to the training size, for data imported with resizing)."
+        ),
+    ] = "window",
+    overlap: Annotated[float, typer.Option(help="Sliding-window overlap (0 to <1).")] = 0.5,
+    axis: Annotated[
+        int, typer.Option(help="Volume axis that came first at import (2: axial).")
+    ] = 2,
+    batch_size: Annotated[int, typer.Option(help="Images or windows per forward pass.")] = 4,
+    data: Annotated[
+        Path | None, typer.Option(help="Federation folder, if not the run's data.root.")
+    ] = None,
+) -> None:
+    """Segment new images with a site's model: PNG masks (label values) for images, NIfTI
+    masks with the input's header for volumes; see docs/predict.md."""
+    from fedseg.errors import ConfigError
+    from fedseg.export import load_exported
+    from fedseg.inference import RunModels, predict_files
+
+    try:
+        if source.is_file():
+            model = load_exported(source)
+            if site is not None and site != model.info.site:
+                raise ConfigError(
+                    f"--site {site!r}: {source} holds the model of {model.info.site!r}"
+                )
+        else:
+            if site is None:
+                raise ConfigError("--site is needed with a run directory")
+            model = RunModels(source, data_root=data).site_model(site)
+        if not 0 <= overlap < 1:
+            raise ConfigError(f"--overlap must lie in [0, 1), got {overlap}")
+        written = predict_files(
+            model, input_, out, fit=fit, overlap=overlap, axis=axis, batch_size=batch_size
+        )  # type: ignore[arg-type]
+    except FedsegError as e:
+        fail(e)
+    console.print(f"wrote {len(written)} masks to {out}")
+
+
 _mount_subapps()
 
 if __name__ == "__main__":  # pragma: no cover
