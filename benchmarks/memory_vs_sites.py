@@ -1,12 +1,12 @@
 """Peak memory and checkpoint size of an in-process run against the number of sites.
 
 Usage: python benchmarks/memory_vs_sites.py [--plan 10:64:10 100:64:10 1000:32:5]
-       [--methods fedavg fedbn fedlppa] [--work /tmp/fedseg-memory]
+       [--methods fedavg fedbn fedlppa] [--widths 4,8,16,32,64] [--work /tmp/fedseg-memory]
 
 Each plan entry is ``sites:size:per_site``: a synthetic ``faz`` federation of that many sites
-(``fedseg data synth``), trained one round (one local step, batch 2, default UNet) and
-evaluated, each (method, sites) in a fresh process. Printed per run: peak resident memory of
-that process (``ru_maxrss``), its memory after importing fedseg and loading nothing (the
+(``fedseg data synth``), trained one round (one local step, batch 2, default UNet or
+``--widths``) and evaluated, each (method, sites) in a fresh process. Printed per run: peak
+resident memory of that process (``ru_maxrss``), its memory after importing fedseg (the
 baseline), the checkpoint size, the size of one model, and wall and CPU seconds. The ratio
 checkpoint / model shows what the checkpoint holds beyond one shared model.
 """
@@ -28,8 +28,9 @@ def _rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def one(method: str, root: Path, out: Path) -> dict[str, float]:
-    """Run ``method`` one round on the federation at ``root``; measurements of this process."""
+def one(method: str, root: Path, out: Path, widths: str) -> dict[str, float]:
+    """Run ``method`` one round on the federation at ``root`` (UNet ``widths``, comma-separated;
+    empty: the default); measurements of this process."""
     import torch
 
     from fedseg.config import RunConfig
@@ -45,6 +46,10 @@ def one(method: str, root: Path, out: Path) -> dict[str, float]:
             "name": f"memory-{method}",
             "data": {"root": str(root), "labels": "weak"},
             "method": {"name": method},
+            "model": {
+                "name": "unet",
+                **({"widths": [int(w) for w in widths.split(",")]} if widths else {}),
+            },
             "train": {"rounds": 1, "local_iters": 1, "batch_size": 2},
             "eval": {"batch_size": 8},
             "engine": {"device": "cpu", "threads": 1},
@@ -82,11 +87,12 @@ def main() -> None:
     ap.add_argument("--plan", nargs="+", default=["10:64:10", "100:64:10", "1000:32:5"])
     ap.add_argument("--methods", nargs="+", default=list(METHODS))
     ap.add_argument("--work", type=Path, default=Path("/tmp/fedseg-memory"))
-    ap.add_argument("--one", nargs=3, metavar=("METHOD", "ROOT", "OUT"), help=argparse.SUPPRESS)
+    ap.add_argument("--widths", default="", help="UNet widths, e.g. 4,8,16,32,64 (default UNet)")
+    ap.add_argument("--one", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        method, root, out = args.one
-        print(json.dumps(one(method, Path(root), Path(out))))
+        method, root, out, widths = args.one
+        print(json.dumps(one(method, Path(root), Path(out), widths)))
         return
     print(
         "| method | sites | px | imgs/site | peak MiB | base MiB | ckpt MiB | model MiB "
@@ -100,7 +106,7 @@ def main() -> None:
             out = args.work / f"run-{method}-{sites}-{size}"
             subprocess.run(["rm", "-rf", str(out)], check=True)
             proc = subprocess.run(
-                [sys.executable, __file__, "--one", method, str(root), str(out)],
+                [sys.executable, __file__, "--one", method, str(root), str(out), args.widths],
                 capture_output=True,
                 text=True,
             )

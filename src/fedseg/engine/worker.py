@@ -9,6 +9,7 @@ in every engine, in any process, after any resume.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -28,6 +29,7 @@ __all__ = [
     "SiteWorker",
     "StateStore",
     "TrainReply",
+    "check_download",
     "initial_model",
 ]
 
@@ -82,6 +84,21 @@ class EvalReply:
     metrics: dict[str, dict[str, float]]
     cases: int
     per_case: list[dict[str, Any]] = field(default_factory=list)
+
+
+_CHECKED: dict[int, tuple[weakref.ref[Payload], Template]] = {}
+"""Download payloads already validated in this process (by identity), with their template."""
+
+
+def check_download(site: str, payload: Payload, template: Template) -> None:
+    """:func:`validate_payload` of a download, once per payload object and template: a payload
+    the server shares among sites (FedAvg's global model) is checked once, not per site."""
+    key = id(payload)
+    seen = _CHECKED.get(key)
+    if seen is not None and seen[0]() is payload and seen[1] is template:
+        return
+    validate_payload(site, payload, template, what="download")
+    _CHECKED[key] = (weakref.ref(payload, lambda _, key=key: _CHECKED.pop(key, None)), template)
 
 
 def initial_model(method: Method, seed: int, device: torch.device | str = "cpu") -> nn.Module:
@@ -147,7 +164,7 @@ class SiteWorker:
 
     def train(self, r: int, payload: Payload) -> tuple[ClientResult, int]:
         """The client step of round ``r``; saves the new private state."""
-        validate_payload(self.name, payload, self.download, what="download")
+        check_download(self.name, payload, self.download)
         start, st = self.state(r)
         ctx = self.context(r)
         ctx.optimizer_state = dict(st.get("optimizer", {}))
@@ -159,7 +176,7 @@ class SiteWorker:
     def eval_model(self, r: int, payload: Payload, data: SiteData | None = None) -> nn.Module:
         """The model the method evaluates this site with (on ``data``'s context), from the
         state before round ``r``, seeded like a client step of round ``r``."""
-        validate_payload(self.name, payload, self.download, what="download")
+        check_download(self.name, payload, self.download)
         data = data or self.data
         _, st = self.state(r)
         ctx = self.context(r, data)
