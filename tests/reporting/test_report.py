@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from fedseg.cli import app
 from fedseg.reporting.compare import build_report, comparison_table, report_csv, report_markdown
+from fedseg.reporting.plots import plot_training_curves, val_dsc_history
 from fedseg.reporting.runs import load_run
 
 cli = CliRunner()
@@ -97,13 +98,17 @@ def test_out_dir_writes_markdown_csv_and_self_contained_html(
         assert img.shape[0] > 100 and np.ptp(img[..., :3]) > 0.5
 
 
-def test_every_run_has_training_curves(runs: dict[str, Path]) -> None:
+def test_every_run_has_training_curves(runs: dict[str, Path], tmp_path: Path) -> None:
     for run in runs.values():
         img = imread(run / "training_curves.png")[..., :3]
         coloured = (img.max(axis=-1) - img.min(axis=-1)) > 0.3  # the site lines (tab10)
         assert coloured.sum() > 200, run
-    longer = imread(runs["longer"] / "training_curves.png")
-    assert longer.shape[1] > imread(runs["seed0"] / "training_curves.png").shape[1]  # + val DSC
+    records = load_run(runs["longer"]).rounds
+    assert val_dsc_history(records)  # evaluated every round: a second panel
+    with_val = plot_training_curves(records, tmp_path / "a.png")
+    without = [{k: v for k, v in r.items() if k != "eval"} for r in records]
+    loss_only = plot_training_curves(without, tmp_path / "b.png")
+    assert imread(with_val).shape[1] > 1.5 * imread(loss_only).shape[1]
 
 
 def test_md_out_file_metrics_and_unfinished_run(runs: dict[str, Path], tmp_path: Path) -> None:
@@ -115,6 +120,8 @@ def test_md_out_file_metrics_and_unfinished_run(runs: dict[str, Path], tmp_path:
     assert res.exit_code == 2 and "metrics ['volume'] are not in every run" in res.output
     res = cli.invoke(app, ["report", str(runs["seed0"]), str(tmp_path)])
     assert res.exit_code == 2 and "no results.json" in res.output
+    res = cli.invoke(app, ["report", str(runs["seed0"]), str(runs["seed0"]) + "/"])
+    assert res.exit_code == 2 and "given more than once" in res.output
 
 
 def test_comparison_table_of_loaded_results(runs: dict[str, Path]) -> None:

@@ -139,6 +139,10 @@ def build_report(runs: list[Run]) -> Report:
     """Group ``runs`` into sections (task, sites, regions) and rows (configs up to seed)."""
     if not runs:
         raise ConfigError("report: give at least one run directory")
+    on_disk = [r.dir.resolve() for r in runs if r.dir.is_dir()]
+    twice = sorted({str(d) for d in on_disk if on_disk.count(d) > 1})
+    if twice:
+        raise ConfigError(f"report: run directories given more than once: {twice}")
     by_section: dict[tuple, list[Run]] = {}
     for run in runs:
         sites = tuple(run.results["sites"])

@@ -58,7 +58,9 @@ def write_report(
     figures: Figures = {}
     for k, section in enumerate(report.sections):
         shown = figures.setdefault(section.title, [])
-        shown.append(("learning curves", plot_row_curves(section, figs / f"curves_{k}.png")))
+        if any(run.rounds for row in section.rows for run in row.runs):
+            path = plot_row_curves(section, figs / f"curves_{k}.png")
+            shown.append(("learning curves", path))
         for m in report_metrics(section, metrics):
             if m in ("dsc", "hd95"):
                 path = plot_site_bars(section, m, figs / f"bars_{k}_{m}.png")
