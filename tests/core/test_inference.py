@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 from fedseg.cli import app
 from fedseg.config import parse_config
 from fedseg.engine.runner import InProcessRunner
-from fedseg.errors import DataError, FedsegError
-from fedseg.export import load_exported, torchscript_path
+from fedseg.errors import ConfigError, DataError, FedsegError
+from fedseg.export import export_run, load_exported, torchscript_path
 from fedseg.inference import RunModels, predict_files, window_labels
 from fedseg.metrics import MetricAccumulator
 
@@ -133,6 +133,21 @@ def test_export_of_global_model(fundus_runs, tmp_path):
     assert torch.equal(glob.label_maps(images), models.site_model("B").label_maps(images))
 
 
+def test_export_of_a_model_that_is_more_than_its_weights(fundus_runs, tmp_path):
+    synth = {"task": "fundus", "sites": 2, "size": 32, "per_site": 10}
+    data = RunModels(fundus_runs["fedavg"]).cfg.data.root
+    run = _train(data, tmp_path / "fedlc", "fedlc", synth)  # the site index lives on the net
+    models = RunModels(run)
+    export_run(models, tmp_path / "plain", ["A"])
+    assert not torch.load(tmp_path / "plain" / "A.pt", weights_only=True)["rebuildable"]
+    with pytest.raises(ConfigError, match="export it with --torchscript"):
+        load_exported(tmp_path / "plain" / "A.pt")
+    export_run(models, tmp_path / "ts", ["A"], torchscript=True)
+    images = models.sites["A"].test_images
+    want = models.site_model("A").label_maps(images)
+    assert torch.equal(load_exported(tmp_path / "ts" / "A.pt").label_maps(images), want)
+
+
 def _write_png(path: Path, image: torch.Tensor) -> np.ndarray:
     """``image`` [3, H, W] in [0, 1] as an 8-bit RGB PNG; returns what it holds in [0, 1]."""
     rgb = np.rint(image.numpy().transpose(1, 2, 0) * 255).astype(np.uint8)
@@ -221,6 +236,10 @@ def test_predict_bad_inputs_name_the_file_and_expectation(fundus_runs, pancreas_
 def test_sliding_window_covers_volumes_larger_than_the_training_size(pancreas_run):
     models = RunModels(pancreas_run)
     sm = models.site_model("A")
+    results = json.loads((pancreas_run / "results.json").read_text())
+    acc = MetricAccumulator(models.manifest.regions)
+    acc.add(sm.label_maps(models.sites["A"].test_images), models.sites["A"].test_masks)
+    assert acc.aggregate()["dsc"] == pytest.approx(results["sites"]["A"]["dsc"], abs=1e-12)
     images = models.sites["A"].test_images[:2]
     assert images.shape[2:] == (16, 16, 16)
     one = sm.label_maps(images)
