@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedseg.data.transforms import augment
+from fedseg.data.transforms import Rotation, augment
 from fedseg.errors import DataError
 from fedseg.methods import ClientContext, FederationSpec, SiteSpec, TrainSettings
 
@@ -139,6 +139,8 @@ def batch_stream(
     augment_batches: bool,
     device: torch.device,
     drop_last: bool = True,
+    rotation: Rotation = "right_angles",
+    ignore_index: int = 255,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Endless shuffled batches (a new permutation each pass), optionally augmented.
 
@@ -153,7 +155,7 @@ def batch_stream(
             idx = order[start : start + size]
             x, y = images[idx], labels[idx]
             if augment_batches:
-                x, y = augment(x, y, generator)
+                x, y = augment(x, y, generator, rotation=rotation, ignore_index=ignore_index)
             yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
 
@@ -190,6 +192,8 @@ def client_context(
         augment_batches=train.augment,
         device=device,
         drop_last=train.local_epochs is None,
+        rotation=train.rotation,
+        ignore_index=spec.ignore_index,
     )
     val = None
     if site.val is not None:
