@@ -8,14 +8,15 @@ torch thread per training process (results then are bit-identical; torch's threa
 changes the floating-point summation order): in-process one process trains the sites one
 after another; Flower (``fedseg flower local``'s launcher) is a SuperLink and one site
 process per site (fedseg's long-lived ClientApp process with its SuperNode in process
-isolation mode), whose sites train at the same time when cores are free. A round's wall time is what
-the server's round loop measures (``rounds.jsonl``: payloads out, replies back, server step).
-CPU time per round: in-process the process's CPU time; Flower the CPU time of every process
-the launcher started (SuperLink, ServerApp, SuperNodes, site processes), sampled from /proc
-(Linux) whenever a round ends. Rounds after the first are "steady" (the first also loads the
-sites' model and data). Start-up is the rest of the run before round 1 (processes, imports,
-joining); the final evaluation is reported separately. The per-site results of both engines
-must be identical, otherwise the script fails.
+isolation mode), whose sites train at the same time when cores are free. A round's wall
+time is what the server's round loop measures (``rounds.jsonl``: payloads out, replies
+back, server step). CPU time per round: in-process the process's CPU time; Flower the CPU
+time of every process the launcher started and their descendants (SuperLink, ServerApp,
+SuperNodes, site processes), sampled from /proc (Linux) whenever a round ends. Rounds after
+the first are "steady" (the first also loads the sites' model and data). Start-up is the
+rest of the run before round 1 (processes, imports, joining); the final evaluation is
+reported separately. The per-site results of both engines must be identical, otherwise the
+script fails.
 """
 
 from __future__ import annotations
@@ -43,20 +44,25 @@ from fedseg.engine.runner import InProcessRunner
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def group_cpu(groups: set[int]) -> float:
-    """CPU seconds (user + system, including reaped children) of the processes whose process
-    group is in ``groups``."""
-    total = 0
+def tree_cpu(roots: set[int]) -> float:
+    """CPU seconds (user + system, including reaped children) of the processes ``roots`` and
+    all their descendants (Flower starts some helpers in sessions of their own)."""
+    stats: dict[int, list[str]] = {}
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as fh:
-                fields = fh.read().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if int(fields[2]) in groups:  # pgrp; then utime, stime, cutime, cstime
-            total += sum(int(v) for v in fields[11:15])
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat") as fh:
+                    stats[int(entry.name)] = fh.read().rpartition(")")[2].split()
+            except OSError:
+                continue
+    children: dict[int, list[int]] = {}
+    for pid, fields in stats.items():
+        children.setdefault(int(fields[1]), []).append(pid)  # ppid
+    todo, total = [r for r in roots if r in stats], 0
+    while todo:
+        pid = todo.pop()
+        total += sum(int(v) for v in stats[pid][11:15])  # utime, stime, cutime, cstime
+        todo += children.get(pid, [])
     return total / TICK
 
 
@@ -111,7 +117,7 @@ def flower(cfg: RunConfig, root: Path, work: Path, names: list[str]) -> tuple[di
     done = threading.Event()
     t0 = time.perf_counter()
     with LocalFederation(sites, work / "fed", log_dir=run_dir / "flower-logs") as fed:
-        groups = {p.pid for p in [fed.superlink, *fed._nodes] if p is not None}
+        roots = {p.pid for p in [fed.superlink, *fed._nodes] if p is not None}
 
         def sample_at_round_ends() -> None:
             seen = 0
@@ -119,7 +125,7 @@ def flower(cfg: RunConfig, root: Path, work: Path, names: list[str]) -> tuple[di
             while not done.is_set():
                 n = path.read_text().count("\n") if path.exists() else 0
                 if n > seen:
-                    samples.append(group_cpu(groups))
+                    samples.append(tree_cpu(roots))
                     seen = n
                 time.sleep(0.05)
 

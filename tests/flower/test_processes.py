@@ -63,6 +63,10 @@ def test_fedavg_via_fedseg_flower_local_equals_in_process_run(
     assert "DSC" in out.output  # results.md is printed
     _all_stopped(started[0])
     assert sorted(p.name for p in (run / "site-data").iterdir()) == SITES
+    for s in SITES:  # one long-lived ClientApp process per site loaded everything once
+        site_log = (run / "flower-logs" / f"site-{s}.log").read_text()
+        assert site_log.count(f"site {s}: loading model, data and method") == 1
+        assert site_log.count(f"site {s}: round ") == 2 and "flwr-clientapp" not in site_log
     res = json.loads((run / "results.json").read_text())
     assert_same_metrics(res["sites"], ref["sites"], 0.0)
     assert res["params"] == ref["params"]

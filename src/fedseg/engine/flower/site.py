@@ -180,7 +180,12 @@ class Loaded:
         rt = self.runtime(node_config, run_config)
         spec, run_uid, keep = str(meta["spec"]), str(meta["run-uid"]), int(meta["keep"])
         key = (self._key(node_config, run_config), spec, run_uid, keep)
-        return self._get(self.workers, key, lambda: rt.worker(spec_from_json(spec), run_uid, keep))
+
+        def load() -> SiteWorker:
+            log.info("site %s: loading model, data and method of run %s", rt.site.name, run_uid)
+            return rt.worker(spec_from_json(spec), run_uid, keep)
+
+        return self._get(self.workers, key, load)
 
 
 LOADED = Loaded()
