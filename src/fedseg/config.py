@@ -14,6 +14,7 @@ from pydantic import (
     PositiveInt,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 from fedseg.configs import resolve_config
@@ -64,7 +65,8 @@ class DataSettings(_Strict):
 
 class EvalSettings(_Strict):
     every: int = Field(0, ge=0)
-    """Also evaluate every N rounds (0: only at the end)."""
+    """Also evaluate every N rounds (0: only at the end). Unset in a run config: every
+    ``max(1, rounds // 4)`` rounds, i.e. three evaluations during a run of 4+ rounds."""
     batch_size: PositiveInt = 16
     split: Literal["test", "val"] = "test"
 
@@ -112,6 +114,19 @@ class RunConfig(_Strict):
     eval: EvalSettings = EvalSettings()
     engine: EngineSettings = EngineSettings()
     tracking: TrackingSettings = TrackingSettings()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_eval_every(cls, data: Any) -> Any:
+        """Periodic evaluation on by default: ``eval.every`` unset -> ``max(1, rounds // 4)``."""
+        if not isinstance(data, dict) or not isinstance(data.get("eval") or {}, dict):
+            return data
+        ev, train = dict(data.get("eval") or {}), data.get("train") or {}
+        default = TrainSettings.model_fields["rounds"].default
+        rounds = train.get("rounds", default) if isinstance(train, dict) else train.rounds
+        if "every" in ev or not isinstance(rounds, int) or rounds < 1:
+            return data  # set explicitly, or the rounds field reports its own error
+        return {**data, "eval": {**ev, "every": max(1, rounds // 4)}}
 
     @field_validator("method")
     @classmethod

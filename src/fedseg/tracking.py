@@ -3,10 +3,10 @@
 The round loop calls a listener after each round with the record it appends to
 ``rounds.jsonl``. :func:`round_scalars` flattens a record into named scalars (per-site client
 metrics such as the loss and LA weight statistics, server numbers such as the AAW weights per
-site, validation DSC per site and region, time and bytes) and :func:`round_matrices` picks out
-its matrices (the prompt affinity, the auxiliary mixing weights), labelled by site. The
-backends are switched on by the config's ``tracking:`` block (docs/config.md#tracking);
-MLflow is an optional dependency imported only when asked for.
+site, the periodic evaluation's DSC per site and region, time and bytes) and
+:func:`round_matrices` picks out its matrices (the prompt affinity, the auxiliary mixing
+weights), labelled by site. The backends are switched on by the config's ``tracking:``
+block (docs/config.md#tracking); MLflow is an optional dependency imported only when asked for.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def _matrix(v: Any) -> bool:
 def round_scalars(record: Mapping[str, Any]) -> dict[str, float]:
     """Named scalars of one round record: ``client/<metric>/<site>``, ``server/<key>`` (and
     ``server/<key>/<site>`` for per-site mappings such as ``aaw_weights``), the entries of
-    every matrix (``server/<key>/<row>/<col>``), ``val_dsc/<site>/<region>``, ``time/*``,
+    every matrix (``server/<key>/<row>/<col>``), ``eval_dsc/<site>/<region>``, ``time/*``,
     ``comm/<direction>_bytes`` and ``sites/*`` counts."""
     out: dict[str, float] = {}
     for site, metrics in record.get("clients", {}).items():
@@ -68,7 +68,7 @@ def round_scalars(record: Mapping[str, Any]) -> dict[str, float]:
             for j, x in enumerate(row):
                 out[f"server/{key}/{rows[i]}/{cols[j]}"] = float(x)
     for site, regions in (record.get("eval") or {}).items():
-        out |= {f"val_dsc/{site}/{r}": float(x) for r, x in regions.items() if _number(x)}
+        out |= {f"eval_dsc/{site}/{r}": float(x) for r, x in regions.items() if _number(x)}
     for key in ("seconds", "cpu_seconds"):
         if _number(record.get(key)):
             out[f"time/{key}"] = float(record[key])

@@ -66,12 +66,12 @@ def test_tensorboard_logs_losses_aaw_weights_and_validation(tmp_path):
         for site, w in rec["server"]["aaw_weights"].items():
             (ev,) = [e for e in acc.Scalars(f"server/aaw_weights/{site}") if e.step == step]
             assert ev.value == pytest.approx(w, rel=1e-6)
-    # validation DSC of the mid-run evaluation (round 1 of 2), per site and region
+    # DSC of the periodic evaluation (after round 1 of 2), per site and region
     evaluated = [r for r in rounds if "eval" in r]
     assert evaluated
     for site, regions in evaluated[0]["eval"].items():
         for region, dsc in regions.items():
-            (ev,) = acc.Scalars(f"val_dsc/{site}/{region}")
+            (ev,) = acc.Scalars(f"eval_dsc/{site}/{region}")
             assert ev.step == evaluated[0]["round"] + 1 and ev.value == pytest.approx(dsc)
     assert {"time/seconds", "comm/upload_bytes", "sites/participants"} <= tags
 
@@ -95,11 +95,22 @@ def test_tensorboard_logs_affinity_and_la_statistics(tmp_path):
     assert all(f"client/{k}/{names[0]}" in acc.Tags()["scalars"] for k in la)
 
 
-def test_tracking_off_by_default_writes_nothing(tmp_path):
+def test_defaults_tracking_off_periodic_evaluation_on(tmp_path):
     cfg = _config(tmp_path, {"name": "fedavg"})
     assert not cfg.tracking.tensorboard and not cfg.tracking.mlflow
-    InProcessRunner(cfg, tmp_path / "run").run()
+    assert cfg.eval.every == 1  # 2 rounds: evaluated after round 1
+    res = InProcessRunner(cfg, tmp_path / "run").run()
     assert not (tmp_path / "run" / "tensorboard").exists()
+    first, last = _rounds(tmp_path / "run")
+    assert set(first["eval"]) == set(res["sites"]) and "eval" not in last
+
+
+@pytest.mark.parametrize(("rounds", "every"), [(1, 1), (4, 1), (20, 5), (100, 25)])
+def test_default_evaluation_interval_gives_three_evaluations(tmp_path, rounds, every):
+    cfg = _config(tmp_path, {"name": "fedavg"}, train={"rounds": rounds})
+    assert cfg.eval.every == every
+    explicit = _config(tmp_path, {"name": "fedavg"}, train={"rounds": rounds}, eval={"every": 0})
+    assert explicit.eval.every == 0
 
 
 def test_mlflow_missing_is_a_clear_error(tmp_path, monkeypatch):
