@@ -122,6 +122,16 @@ def test_damaged_sample_file(fed, tmp_path, how):
         FederatedDataset.open(fed).load("A", "train")
 
 
+@pytest.mark.parametrize("how", ["cut short", "0 bytes"])
+def test_weak_labels_of_a_damaged_sample_keep_the_old_labels(fed, how):
+    path, weak = _sample(fed, split="test"), _weak(fed)
+    before = weak.read_bytes()
+    path.write_bytes(DAMAGE[how](path.read_bytes()))
+    code, text = _cli("data", "weak-labels", fed)
+    assert code == 2 and f"{path}: damaged or unreadable as an .npz sample" in text, text
+    assert weak.read_bytes() == before  # nothing was deleted before the damage was found
+
+
 @pytest.mark.parametrize("how", DAMAGE)
 def test_damaged_weak_label_file(fed, tmp_path, how):
     path = _weak(fed)

@@ -53,7 +53,7 @@ def test_run_then_report(tmp_path):
     assert res.exit_code == 0, res.output
     text = out.read_text()
     assert "## DSC" in text and "## HD95" in text
-    assert "fedavg (weak)" in text and "local (weak)" in text and "Average cup" in text
+    assert "| fedavg |" in text and "| local |" in text and "Average cup" in text
 
 
 def test_errors_exit_2_with_reason(tmp_path):

@@ -11,7 +11,14 @@ from pathlib import Path
 
 import numpy as np
 
-from fedseg.data.federation import FederatedDataset, sample_dir, sample_ids, weak_path
+from fedseg.data.federation import (
+    FederatedDataset,
+    label_problems,
+    read_npz,
+    sample_dir,
+    sample_ids,
+    weak_path,
+)
 from fedseg.data.manifest import (
     BOX_CONVERSIONS,
     MANIFEST,
@@ -84,6 +91,15 @@ def sample_rng(seed: int, site: str, split: str, sample_id: str) -> np.random.Ge
     return np.random.default_rng([seed, *keys])
 
 
+def _read_mask(path: Path, m: Manifest) -> np.ndarray:
+    """The checked full mask of the sample ``path``; DataError naming the file otherwise."""
+    mask = read_npz(path)["mask"]
+    problems = label_problems(mask, tuple(m.spatial_shape), m.num_classes)
+    if problems:
+        raise DataError(f"{path}: {'; '.join(problems)}")
+    return mask
+
+
 def generate_weak_labels(
     root: str | Path,
     *,
@@ -117,13 +133,14 @@ def generate_weak_labels(
         for split in SPLITS
         for sid in sample_ids(fed.root, site, split)
     ]
+    for site, split, sid in work:  # a damaged mask fails before any old label is removed
+        _read_mask(sample_dir(fed.root, site, split) / f"{sid}.npz", m)
     for site in m.site_names:
         for split in SPLITS:
             shutil.rmtree(sample_dir(fed.root, site, split) / "weak", ignore_errors=True)
     p = params or WeakLabelParams()
     for done, (site, split, sid) in enumerate(work, start=1):
-        with np.load(sample_dir(fed.root, site, split) / f"{sid}.npz") as z:
-            mask = z["mask"]
+        mask = _read_mask(sample_dir(fed.root, site, split) / f"{sid}.npz", m)
         weak = weak_label(
             mask,
             chosen[site],
