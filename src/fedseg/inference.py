@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
@@ -46,7 +45,9 @@ __all__ = [
     "ModelInfo",
     "RunModels",
     "SiteModel",
+    "input_files",
     "label_map_module",
+    "labels_of",
     "predict_files",
     "window_labels",
 ]
@@ -235,7 +236,11 @@ class RunModels:
 
     def global_model(self) -> SiteModel | None:
         """The server's model when every site gets one payload that is a complete network
-        (FedAvg and the like); None for methods without one (personal parts, prototypes...)."""
+        (FedAvg and the like), or the pooled site's model of centralized training; None for
+        methods without one (personal parts, prototypes...)."""
+        if self.method.pooled:
+            pooled = self.site_model(self.site_names[0])
+            return replace(pooled, info=replace(pooled.info, site=GLOBAL))
         payloads = {id(p): p for p in self.server.payloads.values()}
         if len(payloads) != 1:
             return None
@@ -409,10 +414,3 @@ def _stem(path: Path) -> str:
         if name.lower().endswith(ext):
             return name[: -len(ext)]
     return path.stem
-
-
-def check_site_names(names: Sequence[str], known: Sequence[str]) -> None:
-    """ConfigError naming the unknown entries of ``names``."""
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise ConfigError(f"--site {unknown} unknown; this run has {list(known)}")

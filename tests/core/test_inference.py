@@ -48,7 +48,7 @@ def _train(root: Path, out: Path, method: str, synth: dict, **extra) -> Path:
 def fundus_runs(tmp_path_factory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("fundus")
     synth = {"task": "fundus", "sites": 2, "size": 32, "per_site": 10}
-    return {m: _train(tmp / "data", tmp / m, m, synth) for m in ("fedavg", "fedbn")}
+    return {m: _train(tmp / "data", tmp / m, m, synth) for m in ("fedavg", "fedbn", "centralized")}
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def pancreas_run(tmp_path_factory) -> Path:
     return _train(tmp / "data", tmp / "run", "fedavg", synth, sites=["A", "B"])
 
 
-@pytest.mark.parametrize("method", ["fedavg", "fedbn"])
+@pytest.mark.parametrize("method", ["fedavg", "fedbn", "centralized"])
 def test_site_models_score_what_the_run_scored(fundus_runs, method):
     run = fundus_runs[method]
     results = json.loads((run / "results.json").read_text())
@@ -76,7 +76,7 @@ def test_site_models_score_what_the_run_scored(fundus_runs, method):
     a, b = (models.site_model(s).model.state_dict() for s in models.site_names)
     bn = next(k for k in a if k.endswith("running_mean"))
     glob = models.global_model()
-    if method == "fedavg":
+    if method != "fedbn":  # one model for every site (centralized: the pooled site's)
         assert glob is not None and models.model_names()[-1] == "global"
         assert all(torch.equal(a[k], b[k]) for k in a)
     else:  # private BN: each site evaluates with its own statistics, no global model
