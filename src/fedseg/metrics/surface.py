@@ -1,21 +1,19 @@
-"""Surface distances between two binary masks via Euclidean distance transforms."""
+"""Surface distances between two binary masks: exact nearest-surface Euclidean distances."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import cache
 
 import numpy as np
 from scipy import ndimage
+from scipy.spatial import cKDTree
 
 __all__ = ["surface_distances"]
 
-
-@cache
-def _cross(ndim: int) -> np.ndarray:
-    """The connectivity-1 structuring element (a cross) in ``ndim`` dimensions."""
-    cross: np.ndarray = ndimage.generate_binary_structure(ndim, 1)
-    return cross
+# Nearest-neighbour queries on the surface points cost about 0.7 µs per point, the two
+# distance transforms about 0.08 µs (2D) and 0.25 µs (3D) per element of the cropped box:
+# below this fraction of surface points per element, the queries are cheaper.
+_TREE_FRACTION = {2: 0.1, 3: 0.3}
 
 
 def _bounding_box(mask: np.ndarray) -> tuple[slice, ...]:
@@ -29,10 +27,22 @@ def _bounding_box(mask: np.ndarray) -> tuple[slice, ...]:
 
 
 def _surface(mask: np.ndarray) -> np.ndarray:
-    """Object pixels with a 4-/6-neighbour outside the object (or outside the image)."""
-    eroded = ndimage.binary_erosion(mask, structure=_cross(mask.ndim), border_value=0)
-    surface: np.ndarray = mask & ~eroded
+    """Object elements with a 4-/6-neighbour outside the object (or outside the image):
+    ``mask`` minus its erosion by the connectivity-1 cross with a background border."""
+    padded = np.pad(mask, 1)
+    inner = tuple(slice(1, n + 1) for n in mask.shape)
+    interior = mask.copy()
+    for axis, n in enumerate(mask.shape):
+        for start in (0, 2):
+            shifted = list(inner)
+            shifted[axis] = slice(start, start + n)
+            interior &= padded[tuple(shifted)]
+    surface: np.ndarray = mask & ~interior
     return surface
+
+
+def _tree(points: np.ndarray) -> cKDTree:
+    return cKDTree(points, leafsize=16, balanced_tree=False, compact_nodes=False)
 
 
 def surface_distances(
@@ -43,7 +53,10 @@ def surface_distances(
     The surface of a mask is the mask minus its erosion by a connectivity-1 cross, with
     everything outside the image counted as background (medpy's ``connectivity=1``).
     Both masks are cropped to the bounding box of their union first, which changes no
-    distance: outside that box both masks are background.
+    distance: outside that box both masks are background. Each direction is then one
+    exact Euclidean nearest-surface search: a k-d tree query of the surface points when
+    the surfaces are sparse in the box, else one distance transform per surface
+    (``scipy.ndimage.distance_transform_edt``, as medpy). Both give the same distances.
 
     Parameters
     ----------
@@ -55,11 +68,21 @@ def surface_distances(
     Returns
     -------
     tuple of numpy.ndarray
-        Distances from every surface element of ``pred`` to the nearest surface element of
-        ``target``, and from every surface element of ``target`` to that of ``pred``.
+        Distances from every surface element of ``pred`` (in C order) to the nearest
+        surface element of ``target``, and from every surface element of ``target`` to
+        that of ``pred``.
     """
     box = _bounding_box(pred | target)
     pred_surface, target_surface = _surface(pred[box]), _surface(target[box])
+    points = np.count_nonzero(pred_surface) + np.count_nonzero(target_surface)
+    if points < _TREE_FRACTION.get(pred.ndim, 0.1) * pred_surface.size:
+        scale = np.asarray(1.0 if spacing is None else spacing, dtype=np.float64)
+        pred_points = np.argwhere(pred_surface) * scale
+        target_points = np.argwhere(target_surface) * scale
+        return (
+            _tree(target_points).query(pred_points)[0],
+            _tree(pred_points).query(target_points)[0],
+        )
     to_target = ndimage.distance_transform_edt(~target_surface, sampling=spacing)
     to_pred = ndimage.distance_transform_edt(~pred_surface, sampling=spacing)
     return to_target[pred_surface], to_pred[target_surface]
