@@ -17,7 +17,7 @@ from fedseg.engine.flower.settings import SimSettings, sim_settings
 from fedseg.engine.runner import InProcessRunner
 from fedseg.errors import ConfigError
 
-pytestmark = [pytest.mark.flower, pytest.mark.slow]
+pytestmark = pytest.mark.flower
 
 
 def test_backend_settings_are_checked_and_named():
@@ -35,6 +35,7 @@ def test_backend_settings_are_checked_and_named():
             sim_settings(bad)
 
 
+@pytest.mark.slow
 def test_fedbn_on_flower_sim_equals_in_process(federation: Path, tmp_path: Path):
     """`fedseg run CONFIG --engine flower-sim`: two sites as Ray actors (one CPU each) train
     FedBN (private BN layers, kept in the sites' state files) for two rounds; results and the

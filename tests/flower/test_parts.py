@@ -137,6 +137,26 @@ def test_app_pyproject_is_a_valid_flower_app_carrying_the_config(federation: Pat
         FlowerSettings.from_run_config({**rc, "round-timeout": 0.0})
 
 
+def test_site_process_answers_only_fedseg_apps(federation: Path, tmp_path: Path):
+    """The long-lived site process runs fedseg's ClientApp in-process: a run whose app names
+    another ClientApp is refused."""
+    import io
+    import zipfile
+
+    from fedseg.engine.flower.executor import CLIENT_APP, check_app
+
+    def fab(pyproject: str) -> bytes:
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w") as z:
+            z.writestr("pyproject.toml", pyproject)
+        return buf.getvalue()
+
+    ours = app_pyproject(make_config(federation), FlowerSettings(run_dir=tmp_path))
+    check_app(fab(ours))
+    with pytest.raises(ValueError, match="runs only fedseg's ClientApp"):
+        check_app(fab(ours.replace(CLIENT_APP, "someone.else:app")))
+
+
 def test_min_replies_defaults_to_a_majority():
     st = FlowerSettings(run_dir=Path("x"))
     assert [st.min_replies(n) for n in (1, 2, 3, 4, 5)] == [1, 2, 2, 3, 3]

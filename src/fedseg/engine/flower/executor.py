@@ -38,7 +38,7 @@ from flwr.supercore.retry import make_simple_http_retry_invoker
 from flwr.supercore.runtime import RuntimeHttpClient
 from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
 
-__all__ = ["CLIENT_APP", "answer_task", "main", "run_site", "serve"]
+__all__ = ["CLIENT_APP", "answer_task", "check_app", "main", "run_site", "serve"]
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,8 @@ def _client(address: str, certificates: bytes | None, *interceptors: Any) -> Run
     )
 
 
-def _check_app(fab_content: bytes) -> None:
+def check_app(fab_content: bytes) -> None:
+    """ValueError unless the Flower App bundle ``fab_content`` names fedseg's ClientApp."""
     components = get_fab_config(fab_content)["tool"]["flwr"]["app"]["components"]
     if components.get("clientapp") != CLIENT_APP:
         raise ValueError(
@@ -82,7 +83,7 @@ def answer_task(address: str, token: str, app: ClientApp, certificates: bytes | 
     status, details = SubStatus.FAILED, "the ClientApp task failed"
     try:
         message, context, _, fab = pull_task_input(client)
-        _check_app(fab.content)
+        check_app(fab.content)
         reply = app(message=message, context=context)
         status, details = SubStatus.COMPLETED, ""
     except Exception as e:  # any failure becomes the task's error reply, never a crash
@@ -124,10 +125,13 @@ def serve(
             except httpx.TransportError:  # the SuperNode is (re)starting its Runtime API
                 time.sleep(0.5)
                 continue
-            if res.HasField("task") and res.token:
-                answer_task(address, res.token, app, certificates)
-            else:
+            if not (res.HasField("task") and res.token):
                 time.sleep(poll)
+                continue
+            try:
+                answer_task(address, res.token, app, certificates)
+            except Exception:  # the reply could not be delivered: the server records no reply
+                log.exception("could not deliver the reply of task %d", res.task.task_id)
     finally:
         acquire.close()
 
