@@ -315,16 +315,24 @@ def predict(
     data: Annotated[
         Path | None, typer.Option(help="Federation folder, if not the run's data.root.")
     ] = None,
+    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto.")] = "cpu",
 ) -> None:
     """Segment new images with a site's model: PNG masks (label values) for images, NIfTI
     masks with the input's header for volumes; see docs/predict.md."""
+    from fedseg.engine.runner import resolve_device
     from fedseg.errors import ConfigError
     from fedseg.export import load_exported
     from fedseg.inference import RunModels, predict_files
 
     try:
+        try:
+            dev = resolve_device(device)
+        except RuntimeError:
+            raise ConfigError(
+                f"--device must be cpu, cuda, cuda:N or auto, got {device!r}"
+            ) from None
         if source.is_file():
-            model = load_exported(source)
+            model = load_exported(source, dev)
             if site is not None and site != model.info.site:
                 raise ConfigError(
                     f"--site {site!r}: {source} holds the model of {model.info.site!r}"
@@ -332,7 +340,7 @@ def predict(
         else:
             if site is None:
                 raise ConfigError("--site is needed with a run directory")
-            model = RunModels(source, data_root=data).site_model(site)
+            model = RunModels(source, device=dev, data_root=data).site_model(site)
         if not 0 <= overlap < 1:
             raise ConfigError(f"--overlap must lie in [0, 1), got {overlap}")
         written = predict_files(

@@ -229,6 +229,12 @@ def test_predict_bad_inputs_name_the_file_and_expectation(fundus_runs, pancreas_
     nib.save(nib.Nifti1Image(np.zeros((8, 8, 8, 2), np.float32), np.eye(4)), vols / "two.nii.gz")
     with pytest.raises(DataError, match=r"two\.nii\.gz: image must be a 3D volume"):
         predict_files(sm, vols, tmp_path / "o")
+    one = tmp_path / "one"
+    one.mkdir()
+    nib.save(nib.Nifti1Image(np.zeros((8, 8, 8), np.float32), np.eye(4)), one / "v.nii.gz")
+    fundus = RunModels(fundus_runs["fedavg"]).site_model("A")
+    with pytest.raises(DataError, match=r"v\.nii\.gz: has 1 channel\(s\), .* expects 3"):
+        predict_files(fundus, one, tmp_path / "o")
     res = cli.invoke(app, ["predict", str(pancreas_run), "--input", str(vols), "--out", "o"])
     assert res.exit_code == 2 and "--site is needed" in res.output
 
