@@ -77,6 +77,11 @@ class EngineSettings(_Strict):
     """``auto`` (CUDA when available), ``cpu``, ``cuda``, ``cuda:N`` or ``mps``."""
     checkpoint_every: int = Field(1, ge=1)
     """Write the resumable checkpoint every N rounds (the last round always)."""
+    amp: Literal["off", "bf16", "fp16"] = "off"
+    """Mixed precision for training and evaluation forwards: ``bf16`` or ``fp16`` autocast
+    (``fp16`` with a gradient scaler, CUDA only; ``bf16`` also on CPU)."""
+    channels_last: bool = False
+    """Run convolutions in channels-last memory format (model and inputs; CUDA speed-up)."""
     threads: int = Field(0, ge=0)
     """CPU threads for torch (0: torch's default). Use 1 when other jobs share the CPU:
     oversubscribed threads slow training down many times over."""

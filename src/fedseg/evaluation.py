@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from fedseg.methods.training import autocast, channels_last_model, memory_format
 from fedseg.metrics import MetricAccumulator
 
 __all__ = ["Segmenter", "SiteEvaluation", "argmax_segment", "evaluate", "predict"]
@@ -29,12 +30,14 @@ def predict(
     device: torch.device,
     segment: Segmenter = argmax_segment,
 ) -> torch.Tensor:
-    """Label maps of ``images`` [N,C,*S] computed in batches (eval mode)."""
+    """Label maps of ``images`` [N,C,*S] computed in batches (eval mode), under the current
+    :func:`~fedseg.methods.training.precision` (``engine.amp``, ``engine.channels_last``)."""
     model.eval()
-    preds = [
-        segment(model, images[i : i + batch_size].to(device)).cpu()
-        for i in range(0, len(images), batch_size)
-    ]
+    with channels_last_model(model), autocast(device):
+        preds = [
+            segment(model, memory_format(images[i : i + batch_size].to(device))).cpu()
+            for i in range(0, len(images), batch_size)
+        ]
     return torch.cat(preds) if preds else torch.zeros((0, *images.shape[2:]), dtype=torch.long)
 
 

@@ -2,22 +2,32 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
+from fedseg.errors import ConfigError
 from fedseg.losses import DiceBCELoss, PartialCrossEntropy, SoftDiceLoss
 from fedseg.methods.base import ClientContext
 
 __all__ = [
     "AuxiliaryLoss",
     "LossFn",
+    "Precision",
     "add_auxiliary",
+    "autocast",
     "auxiliary_metrics",
     "auxiliary_modules",
+    "channels_last_model",
+    "current_precision",
     "make_optimizer",
+    "memory_format",
+    "precision",
     "restore_optimizer_state",
     "save_optimizer_state",
     "segmentation_loss",
@@ -25,6 +35,81 @@ __all__ = [
 ]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How forwards run: ``amp`` autocast dtype and channels-last memory format
+    (``engine.amp`` and ``engine.channels_last``)."""
+
+    amp: Literal["off", "bf16", "fp16"] = "off"
+    channels_last: bool = False
+
+
+_PRECISION: ContextVar[Precision | None] = ContextVar("fedseg_precision", default=None)
+
+
+@contextmanager
+def precision(
+    amp: Literal["off", "bf16", "fp16"] = "off", channels_last: bool = False
+) -> Iterator[Precision]:
+    """Within this block :func:`train_steps` and :func:`fedseg.evaluation.predict` run with
+    this precision; the engine enters it from ``engine.amp``/``engine.channels_last``."""
+    if amp not in ("off", "bf16", "fp16"):
+        raise ConfigError(f"engine.amp must be one of off, bf16, fp16, got {amp!r}")
+    token = _PRECISION.set(Precision(amp, bool(channels_last)))
+    try:
+        yield current_precision()
+    finally:
+        _PRECISION.reset(token)
+
+
+def current_precision() -> Precision:
+    """The precision set by the innermost :func:`precision` block (default: fp32)."""
+    return _PRECISION.get() or Precision()
+
+
+def autocast(device: torch.device) -> AbstractContextManager[object]:
+    """The current precision's autocast on ``device`` (a no-op for ``amp: off``).
+
+    Raises
+    ------
+    ConfigError
+        For ``fp16`` off CUDA (it needs CUDA's gradient scaler; use ``bf16`` there).
+    """
+    amp = current_precision().amp
+    if amp == "off":
+        return nullcontext()
+    if amp == "fp16" and device.type != "cuda":
+        raise ConfigError(
+            f"engine.amp: 'fp16' needs a CUDA device, got {device.type!r}; use 'bf16' or 'off'"
+        )
+    dtype = torch.bfloat16 if amp == "bf16" else torch.float16
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def memory_format(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (a 4D/5D batch) in channels-last format when the current precision asks."""
+    if not current_precision().channels_last or x.dim() not in (4, 5):
+        return x
+    fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
+    return x.contiguous(memory_format=fmt)
+
+
+@contextmanager
+def channels_last_model(model: nn.Module) -> Iterator[nn.Module]:
+    """``model``'s 2D (or 3D) convolution weights in channels-last format while the current
+    precision asks, back to the contiguous format afterwards (payloads and checkpoints keep
+    plain layouts)."""
+    dims = max((p.dim() for p in model.parameters()), default=0)
+    if not current_precision().channels_last or dims not in (4, 5):
+        yield model
+        return
+    model.to(memory_format=torch.channels_last if dims == 4 else torch.channels_last_3d)
+    try:
+        yield model
+    finally:
+        model.to(memory_format=torch.contiguous_format)
 
 
 @runtime_checkable
@@ -138,7 +223,8 @@ def train_steps(
     ``regularizer`` adds a term such as FedProx's proximal penalty, and every
     :class:`AuxiliaryLoss` sub-module of ``model`` its own term. Returns the mean loss (all
     terms) and the auxiliary modules' metrics. With ``train.keep_optimizer_state`` the
-    optimiser continues from the site's last round.
+    optimiser continues from the site's last round. Forwards and losses run under the
+    current :func:`precision` (autocast; ``fp16`` scales gradients; channels-last).
     """
     loss_fn = loss_fn or segmentation_loss(ctx)
     chosen = (
@@ -149,16 +235,25 @@ def train_steps(
     aux = auxiliary_modules(model)
     model.train()
     n = ctx.steps() if iters is None else iters
+    fp16 = current_precision().amp == "fp16" and ctx.device.type == "cuda"
+    scaler = torch.amp.GradScaler("cuda") if fp16 else None  # fp16 elsewhere: autocast refuses
     total = 0.0
-    for _ in range(n):
-        images, labels = next(ctx.batches)
-        loss = add_auxiliary(loss_fn(model(images), labels), aux)
-        if regularizer is not None:
-            loss = loss + regularizer()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        total += float(loss.detach())
+    with channels_last_model(model):
+        for _ in range(n):
+            images, labels = next(ctx.batches)
+            with autocast(ctx.device):
+                loss = add_auxiliary(loss_fn(model(memory_format(images)), labels), aux)
+                if regularizer is not None:
+                    loss = loss + regularizer()
+            opt.zero_grad(set_to_none=True)
+            if scaler is None:
+                loss.backward()
+                opt.step()
+            else:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+            total += float(loss.detach())
     save_optimizer_state(opt, _owner(model), ctx)
     return {"loss": total / max(n, 1)} | auxiliary_metrics(aux)
 
