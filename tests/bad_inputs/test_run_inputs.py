@@ -223,3 +223,23 @@ def test_results_are_readable_by_colleagues(finished):
 def test_resume_of_a_folder_that_holds_no_run(tmp_path):
     code, text = _cli("run", "--resume", str(tmp_path / "nothing"))
     assert code == 2 and "no fedseg run there" in text
+
+
+@pytest.mark.parametrize(
+    "synth",
+    [
+        {"task": "fundus", "sites": 3, "size": 32},  # one site more than the folder
+        {"task": "fundus", "sites": 2, "size": 48},  # another image size
+        {"task": "polyp", "sites": 2, "size": 32},  # another task
+        {"task": "fundus", "sites": 2, "size": 32, "names": "paper"},  # fundus names no sites
+    ],
+)
+def test_existing_data_root_that_data_synth_does_not_describe(fed, tmp_path, synth):
+    path = _config(fed, tmp_path)
+    raw = yaml.safe_load(path.read_text())
+    raw["data"]["synth"] = synth
+    path.write_text(yaml.safe_dump(raw))
+    code, text = _cli("run", str(path), "--out", str(tmp_path / "run"))
+    assert code == 2, text
+    assert f"data.root {fed}" in text or "--names paper" in text, text
+    assert not (tmp_path / "run" / "rounds.jsonl").exists()

@@ -44,5 +44,29 @@ def prepare_data(cfg: RunConfig) -> Path:
         )
         if syn.weak_labels:
             generate_weak_labels(root, seed=cfg.seed)
+    elif cfg.data.synth is not None:
+        _check_matches_synth(cfg)
     require_valid(root, cfg.train.batch_size, labels=cfg.data.labels)
     return root
+
+
+def _check_matches_synth(cfg: RunConfig) -> None:
+    """Refuse an existing ``data.root`` that is not the federation ``data.synth`` describes
+    (e.g. a config whose site weights changed while the old folder stayed)."""
+    from fedseg.data.manifest import read_manifest
+    from fedseg.data.synth import SYNTH_TASKS, planned_sites
+
+    syn, root = cfg.data.synth, cfg.data.root
+    assert syn is not None
+    m = read_manifest(root)
+    wanted = planned_sites(
+        syn.task, sites=syn.sites, site_weights=syn.site_weights, names=syn.names
+    )
+    shape = SYNTH_TASKS.get(syn.task).spatial_shape(syn.size)
+    if m.task != syn.task or m.site_names != wanted or tuple(m.spatial_shape) != shape:
+        raise ConfigError(
+            f"data.root {root} holds task {m.task!r} with sites {m.site_names} of shape "
+            f"{tuple(m.spatial_shape)}, but data.synth describes {syn.task!r} with sites "
+            f"{wanted} of shape {shape}; "
+            "remove the folder to re-synthesize it or point data.root elsewhere"
+        )

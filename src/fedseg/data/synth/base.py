@@ -22,6 +22,7 @@ __all__ = [
     "Sample",
     "SynthTask",
     "letter_names",
+    "planned_sites",
     "site_sizes",
     "site_style",
     "split_sizes",
@@ -139,6 +140,38 @@ def split_sizes(n: int, fractions: Sequence[float]) -> dict[str, int]:
     return {"train": n_train, "val": n_val, "test": n - n_train - n_val}
 
 
+def planned_sites(
+    task: str,
+    *,
+    sites: int | None = None,
+    site_weights: Sequence[float] | None = None,
+    names: Literal["letters", "paper"] = "letters",
+) -> list[str]:
+    """The site names ``synthesize`` writes for these settings (DataError when invalid)."""
+    spec = SYNTH_TASKS.get(task)
+    if site_weights is not None:
+        if not site_weights or min(site_weights) <= 0:
+            raise DataError(f"--site-weights must be positive numbers, got {list(site_weights)}")
+        if sites is not None and sites != len(site_weights):
+            raise DataError(
+                f"--sites {sites} disagrees with the {len(site_weights)} --site-weights"
+            )
+    default_n = len(spec.annotations) if site_weights is None else len(site_weights)
+    n_sites = default_n if sites is None else sites
+    if not 1 <= n_sites <= MAX_SITES:
+        raise DataError(f"--sites must be in 1..{MAX_SITES}, got {n_sites}")
+    if names == "letters":
+        return letter_names(n_sites)
+    if names != "paper":
+        raise DataError(f"--names must be 'letters' or 'paper', got {names!r}")
+    if n_sites > len(spec.paper_sites):
+        raise DataError(
+            f"--names paper: task {task!r} names {len(spec.paper_sites)} sites "
+            f"{list(spec.paper_sites)}, {n_sites} were asked for"
+        )
+    return list(spec.paper_sites[:n_sites])
+
+
 def synthesize(
     task: str,
     out: str | Path,
@@ -174,33 +207,12 @@ def synthesize(
         The written manifest (sites with their default annotation, no weak labels yet).
     """
     spec = SYNTH_TASKS.get(task)
-    if site_weights is not None:
-        site_weights = [float(w) for w in site_weights]
-        if not site_weights or min(site_weights) <= 0:
-            raise DataError(f"--site-weights must be positive numbers, got {site_weights}")
-        if sites is not None and sites != len(site_weights):
-            raise DataError(
-                f"--sites {sites} disagrees with the {len(site_weights)} --site-weights"
-            )
-    default_n = len(spec.annotations) if site_weights is None else len(site_weights)
-    n_sites = default_n if sites is None else sites
-    if not 1 <= n_sites <= MAX_SITES:
-        raise DataError(f"--sites must be in 1..{MAX_SITES}, got {n_sites}")
+    site_names = planned_sites(task, sites=sites, site_weights=site_weights, names=names)
+    n_sites = len(site_names)
     if per_site is not None and per_site < 1:
         raise DataError(f"--per-site must be at least 1, got {per_site}")
     if size < 16:
         raise DataError(f"--size must be at least 16 pixels, got {size}")
-    if names == "paper":
-        if n_sites > len(spec.paper_sites):
-            raise DataError(
-                f"--names paper: task {task!r} names {len(spec.paper_sites)} sites "
-                f"{list(spec.paper_sites)}, {n_sites} were asked for"
-            )
-        site_names = list(spec.paper_sites[:n_sites])
-    elif names == "letters":
-        site_names = letter_names(n_sites)
-    else:
-        raise DataError(f"--names must be 'letters' or 'paper', got {names!r}")
     weights = site_weights or [
         spec.size_weights[i % len(spec.size_weights)] for i in range(n_sites)
     ]
