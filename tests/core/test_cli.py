@@ -64,3 +64,13 @@ def test_errors_exit_2_with_reason(tmp_path):
     assert "unknown method 'fedavgg'" in res.output
     res = runner.invoke(app, ["report", str(tmp_path / "none")])
     assert res.exit_code == 2 and "no results.json" in res.output
+
+
+def test_argument_help_texts_show() -> None:
+    from typer.testing import CliRunner
+
+    from fedseg.cli import app as cli_app
+
+    out = CliRunner().invoke(cli_app, ["run", "--help"], terminal_width=200)
+    assert out.exit_code == 0
+    assert "YAML run configuration, or a shipped name" in out.output, out.output
