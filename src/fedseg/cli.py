@@ -47,6 +47,20 @@ def _logging(run_dir: Path | None, verbose: bool) -> None:
     )
 
 
+def _save_models(run_dir: Path) -> None:
+    """Export the run's evaluation models into ``RUN/models`` (a failure is reported, the
+    finished run stays)."""
+    from fedseg.export import export_run
+    from fedseg.inference import RunModels
+
+    try:
+        written = export_run(RunModels(run_dir), run_dir / "models")
+    except FedsegError as e:
+        logging.getLogger("fedseg").warning("models not exported: %s", e.reason)
+        return
+    logging.getLogger("fedseg").info("exported %d models to %s", len(written), run_dir / "models")
+
+
 @app.command()
 def run(
     config: Annotated[
@@ -123,6 +137,8 @@ def run(
                     on_round=lambda rec: bar.update(task, completed=rec["round"] + 1),
                 )
             write_run_outputs(run_dir, results)
+            if cfg.eval.save_models:
+                _save_models(run_dir)
     except FedsegError as e:
         fail(e)
     console.print(_results_table(results))

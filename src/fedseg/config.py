@@ -69,6 +69,9 @@ class EvalSettings(_Strict):
     ``max(1, rounds // 4)`` rounds, i.e. three evaluations during a run of 4+ rounds."""
     batch_size: PositiveInt = 16
     split: Literal["test", "val"] = "test"
+    save_models: bool = True
+    """After an in-process run, export every site's evaluation model (and the global model)
+    to ``RUN/models/<site>.pt`` with the config and label map (see docs/predict.md)."""
 
 
 class EngineSettings(_Strict):

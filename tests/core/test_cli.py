@@ -3,6 +3,7 @@ import json
 from typer.testing import CliRunner
 
 from fedseg.cli import app
+from fedseg.export import load_exported
 
 runner = CliRunner()
 
@@ -28,6 +29,11 @@ def test_run_then_report(tmp_path):
         res = runner.invoke(app, ["run", str(_config(tmp_path, m)), "--out", str(tmp_path / m)])
         assert res.exit_code == 0, res.output
         assert "Average" in res.output and "DSC cup" in res.output
+    # every run exports its evaluation models; local training has no global model
+    assert sorted(p.name for p in (tmp_path / "fedavg/models").iterdir())[-1] == "global.pt"
+    assert not (tmp_path / "local/models/global.pt").exists()
+    site = sorted((tmp_path / "local/models").glob("*.pt"))[0]
+    assert load_exported(site).info.to_dict()["class_names"][0] == "background"
     res = runner.invoke(
         app,
         [
