@@ -29,7 +29,8 @@ def _bounding_box(mask: np.ndarray) -> tuple[slice, ...]:
 def _surface(mask: np.ndarray) -> np.ndarray:
     """Object elements with a 4-/6-neighbour outside the object (or outside the image):
     ``mask`` minus its erosion by the connectivity-1 cross with a background border."""
-    padded = np.pad(mask, 1)
+    padded = np.zeros(tuple(n + 2 for n in mask.shape), dtype=bool)
+    padded[tuple(slice(1, n + 1) for n in mask.shape)] = mask
     inner = tuple(slice(1, n + 1) for n in mask.shape)
     interior = mask.copy()
     for axis, n in enumerate(mask.shape):
