@@ -46,7 +46,7 @@ def test_reproduce_two_rows_smoke_beside_published(tmp_path):
     for label in ("baseline-fedavg", "tdf"):
         run_dir = out / label / "seed0"
         cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
-        assert cfg["train"]["rounds"] == 2 and cfg["train"]["local_iters"] == 2
+        assert cfg["train"]["rounds"] == 2 and cfg["train"]["local_iters"] == 4
         assert cfg["data"]["synth"]["size"] == 32 and cfg["data"]["synth"]["sites"] == 2
         assert cfg["data"]["root"].endswith("faz-smoke")
         assert f"{_dsc(run_dir):.2f}" in table  # our cell is the run's average DSC
