@@ -40,6 +40,10 @@ SAFE_RESUME_CHANGES = (
     "engine.device",
     "engine.threads",
     "engine.checkpoint_every",
+    "engine.workers",
+    "eval.save_models",
+    "tracking.tensorboard",
+    "tracking.mlflow",
 )
 """Config keys a resumed run may change (``train.rounds`` only upwards): everything else
 would continue one experiment with another's settings."""

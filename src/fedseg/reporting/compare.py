@@ -41,7 +41,14 @@ __all__ = [
     "show_value",
 ]
 
-IGNORED_KEYS = ("seed", "eval.every", "eval.batch_size")
+IGNORED_KEYS = (
+    "seed",
+    "eval.every",
+    "eval.batch_size",
+    "eval.save_models",
+    "tracking.tensorboard",
+    "tracking.mlflow",
+)
 """Config keys that do not define a row: seeds are repeats, the others change only what is
 logged during training or the speed, as do all ``engine.*`` keys (the engines give
 bit-identical results, docs/architecture.md)."""
