@@ -48,11 +48,12 @@ POLL = 0.1
 """Seconds between asks for a new task while the site is idle."""
 
 
-def _client(address: str, certificates: bytes | None, *interceptors: Any) -> RuntimeHttpClient:
+def _client(address: str, *interceptors: Any) -> RuntimeHttpClient:
+    """A client of the SuperNode's Runtime API (on loopback, without TLS)."""
     return RuntimeHttpClient.from_server_address(
         server_address=address,
-        insecure=certificates is None,
-        root_certificates=certificates,
+        insecure=True,
+        root_certificates=None,
         interceptors=list(interceptors),
         retry_invoker=make_simple_http_retry_invoker(),
     )
@@ -68,12 +69,11 @@ def check_app(fab_content: bytes) -> None:
         )
 
 
-def answer_task(address: str, token: str, app: ClientApp, certificates: bytes | None) -> None:
+def answer_task(address: str, token: str, app: ClientApp) -> None:
     """Run one claimed task: pull its message and context, answer with ``app`` in this
     process, push the reply and the task's final status (an error reply on failure)."""
     client = _client(
         address,
-        certificates,
         RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"),
         RuntimeTokenHttpInterceptor(token),
     )
@@ -103,20 +103,12 @@ def answer_task(address: str, token: str, app: ClientApp, certificates: bytes | 
             client.close()
 
 
-def serve(
-    address: str,
-    *,
-    certificates: bytes | None = None,
-    alive: Callable[[], bool] = lambda: True,
-    poll: float = POLL,
-) -> None:
+def serve(address: str, *, alive: Callable[[], bool] = lambda: True, poll: float = POLL) -> None:
     """Claim and answer the ClientApp tasks of the SuperNode whose Runtime API listens on
     ``address``, one after another, while ``alive()``."""
     from fedseg.engine.flower.client_app import app
 
-    acquire = _client(
-        address, certificates, RuntimeVersionHttpInterceptor(component_name="SuperExec")
-    )
+    acquire = _client(address, RuntimeVersionHttpInterceptor(component_name="SuperExec"))
     request = AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP])
     try:
         while alive():
@@ -129,14 +121,14 @@ def serve(
                 time.sleep(poll)
                 continue
             try:
-                answer_task(address, res.token, app, certificates)
+                answer_task(address, res.token, app)
             except Exception:  # the reply could not be delivered: the server records no reply
                 log.exception("could not deliver the reply of task %d", res.task.task_id)
     finally:
         acquire.close()
 
 
-def run_site(supernode_argv: Sequence[str], address: str, certificates: bytes | None) -> int:
+def run_site(supernode_argv: Sequence[str], address: str) -> int:
     """Start ``supernode_argv`` (a ``flower-supernode`` command whose Runtime API listens on
     ``address``) in process isolation mode as a child and serve it until it exits; SIGTERM
     stops both. Returns the SuperNode's exit code."""
@@ -147,7 +139,7 @@ def run_site(supernode_argv: Sequence[str], address: str, certificates: bytes | 
 
     signal.signal(signal.SIGTERM, stop)
     try:
-        serve(address, certificates=certificates, alive=lambda: node.poll() is None)
+        serve(address, alive=lambda: node.poll() is None)
     finally:
         if node.poll() is None:
             node.terminate()
@@ -169,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     command = args.supernode[1:] if args.supernode[:1] == ["--"] else args.supernode
     if not command:
         ap.error("give the SuperNode command after --")
-    sys.exit(run_site(command, args.runtime_api_address, None))
+    sys.exit(run_site(command, args.runtime_api_address))
 
 
 if __name__ == "__main__":
