@@ -1,7 +1,7 @@
 """Framework overhead of a fedseg round against a bare PyTorch loop of the same steps.
 
 Usage: python benchmarks/overhead.py [--sizes 64 128] [--rounds 6] [--sites 3] [--iters 5]
-       [--batch 4] [--profile]
+       [--batch 4] [--profile] [--workers 2]
 
 Both sides run FedAvg (default UNet, AdamW, partial CE on weak labels, no augmentation, one
 torch thread) on the same in-memory sites: per site, load the global weights, build the
@@ -11,16 +11,21 @@ checks, seeding, contexts, upload validation, communication counting, the server
 Rounds of the two alternate so that load from other processes hits both alike; printed per
 size are the median CPU seconds (``time.process_time``) and wall seconds per round, and the
 ratios fedseg / bare. ``--profile`` prints fedseg's top functions by own time (cProfile).
+``--workers N`` also times fedseg rounds with ``engine.workers`` N against 1 (one torch thread
+per process; CPU seconds include the worker processes; their start-up is excluded).
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
+import resource
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -96,6 +101,40 @@ def bench(size: int, rounds: int, sites: int, iters: int, batch: int, profile: b
         pstats.Stats(prof).sort_stats("tottime").print_stats(25)
 
 
+def _cpu_with_workers(sim: Simulation) -> float:
+    """CPU seconds of this process and of the simulation's worker processes (Linux)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    total = own.ru_utime + own.ru_stime
+    tick = os.sysconf("SC_CLK_TCK")
+    for slot in getattr(sim.link, "_slots", []):
+        for pid in slot.pool._processes:  # the executor keeps its processes by pid
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def bench_workers(size: int, rounds: int, sites: int, iters: int, batch: int, n: int) -> None:
+    """Median wall seconds per fedseg round with ``n`` worker processes against one."""
+    spec, data = toy_federation(sites, n_train=3 * batch, size=size)
+    train = TrainSettings(rounds=rounds, local_iters=iters, batch_size=batch, augment=False)
+    cls = get_method("fedavg")
+    walls, cpus = {}, {}
+    for workers in (1, n):
+        sim = Simulation(cls(cls.Config(), spec), data, train, seed=0, workers=workers, threads=1)
+        sim.round(0)  # starts the worker processes
+        c0, per_round = _cpu_with_workers(sim), []
+        for r in range(1, rounds):
+            per_round.append(_timed(lambda r=r, sim=sim: sim.round(r))[1])
+        cpus[workers] = (_cpu_with_workers(sim) - c0) / (rounds - 1)
+        sim.close()
+        walls[workers] = statistics.median(per_round)
+    print(
+        f"| {size} | {sites} | {walls[1]:.3f} | {walls[n]:.3f} | {walls[1] / walls[n]:.2f} "
+        f"| {cpus[1]:.3f} | {cpus[n]:.3f} |",
+        flush=True,
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[64, 128])
@@ -104,6 +143,7 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--workers", type=int, default=0)
     args = ap.parse_args()
     torch.set_num_threads(1)
     print(
@@ -112,6 +152,13 @@ def main() -> None:
     )
     for size in args.sizes:
         bench(size, args.rounds, args.sites, args.iters, args.batch, args.profile)
+    if args.workers > 1:
+        print(
+            f"\n| px | sites | wall s, 1 worker | wall s, {args.workers} workers | speed-up "
+            "| CPU s, 1 | CPU s, N |\n|---|---|---|---|---|---|---|"
+        )
+        for size in args.sizes:
+            bench_workers(size, args.rounds, args.sites, args.iters, args.batch, args.workers)
 
 
 if __name__ == "__main__":

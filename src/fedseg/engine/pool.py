@@ -72,8 +72,21 @@ def _worker(name: str, data: SiteData | None, initial: Any) -> SiteWorker:
     return workers[name]
 
 
+def _payload(packed: tuple[tuple[int, int], bytes]) -> Payload:
+    """The payload of ``packed`` = (token, pickled payload), unpickled once per process: sites
+    sharing one payload object in the server share one here too (validated once)."""
+    token, blob = packed
+    cache: dict[tuple[int, int], Payload] = _CHILD.setdefault("payloads", {})
+    if token not in cache:
+        if any(t[0] != token[0] for t in cache):  # a new request of the server: drop the old
+            cache.clear()
+        cache[token] = pickle.loads(blob)
+    return cache[token]
+
+
 def _train(blob: bytes) -> bytes:
-    name, data, initial, saved, train, r, payload = pickle.loads(blob)
+    name, data, initial, saved, train, r, packed = pickle.loads(blob)
+    payload = _payload(packed)
     w = _worker(name, data, initial)
     w.train_cfg, w.store.saved = train, saved  # type: ignore[attr-defined]
     res, start = w.train(r, payload)
@@ -81,7 +94,8 @@ def _train(blob: bytes) -> bytes:
 
 
 def _evaluate(blob: bytes) -> bytes:
-    name, data, initial, saved, target, target_data, regions, batch, r, payload = pickle.loads(blob)
+    name, data, initial, saved, target, target_data, regions, batch, r, packed = pickle.loads(blob)
+    payload = _payload(packed)
     w = _worker(name, data, initial)
     w.regions, w.eval_batch_size, w.store.saved = dict(regions), batch, saved  # type: ignore[attr-defined]
     cached: dict[str, SiteData] = _CHILD.setdefault("eval_data", {})
@@ -140,6 +154,7 @@ class ParallelLink(InMemoryLink):
         self.threads = threads or max(1, torch.get_num_threads() // workers)
         self._slots: list[_Slot] = []
         self._method: Method | None = None
+        self._requests = 0
 
     def bind(self, method: Method, run_uid: str = "") -> None:
         self.close()
@@ -176,23 +191,35 @@ class ParallelLink(InMemoryLink):
         fresh = name not in has
         return (name, w.data if fresh else None, w.initial if fresh else None)
 
+    def _pack(self, payloads: Mapping[str, Payload]) -> dict[str, tuple[tuple[int, int], bytes]]:
+        """Each distinct payload object pickled once, with a token unique to this request."""
+        self._requests += 1
+        blobs: dict[int, bytes] = {}
+        out = {}
+        for site, p in payloads.items():
+            if id(p) not in blobs:
+                blobs[id(p)] = pickle.dumps(p)
+            out[site] = ((self._requests, id(p)), blobs[id(p)])
+        return out
+
     def train(self, r: int, payloads: Mapping[str, Payload]) -> dict[str, TrainReply | Failure]:
         if self.num_workers == 1 or len(payloads) < 2:
             return super().train(r, payloads)
+        packed = self._pack(payloads)
         jobs = [
             _Job(
                 name,
                 _train,
-                lambda has, name=name, p=p: (
+                lambda has, name=name: (
                     *self._site_args(name, has),
                     self.workers[name].store.saved,  # type: ignore[attr-defined]
                     self.train_cfg,
                     r,
-                    p,
+                    packed[name],
                 ),
                 {name},
             )
-            for name, p in payloads.items()
+            for name in payloads
         ]
         out: dict[str, TrainReply | Failure] = {}
         for name, (reply, saved) in self._run(jobs).items():
@@ -206,6 +233,7 @@ class ParallelLink(InMemoryLink):
         ]
         if self.num_workers == 1 or len(pairs) < 2:
             return super().evaluate(r, payloads)
+        packed = self._pack(payloads)
         jobs = [
             _Job(
                 real,
@@ -218,7 +246,7 @@ class ParallelLink(InMemoryLink):
                     self.regions,
                     self.eval_batch_size,
                     r,
-                    payloads[name],
+                    packed[name],
                 ),
                 {name, f"eval:{real}"},
             )
