@@ -97,7 +97,20 @@ class EngineSettings(_Strict):
     """Where the sites run: ``inprocess`` (default: one process, sites one after another) or
     ``flower-sim`` (Flower's Ray-based simulation engine, sites in parallel), or a mapping
     with per-site resources, e.g. ``{name: flower-sim, cpus: 1, gpus: 0.25, ray_address:
-    auto}`` (checked when the run starts; docs/deployment.md)."""
+    auto}`` (docs/deployment.md)."""
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, v: str | dict[str, Any]) -> str | dict[str, Any]:
+        from fedseg.engine.flower.settings import sim_settings  # imports no Flower
+
+        try:
+            sim_settings(v)
+        except ConfigError as e:
+            raise ValueError(
+                e.reason.removeprefix("engine.backend: ").removeprefix("engine.backend.")
+            ) from None
+        return v
 
 
 class TrackingSettings(_Strict):

@@ -49,3 +49,13 @@ def test_missing_file_and_bad_override(tmp_path):
         load_config(_write(tmp_path, "data: {root: d}\n"), ["train.rounds"])
     with pytest.raises(ConfigError, match="top level"):
         parse_config(["a"])  # type: ignore[arg-type]
+
+
+def test_engine_backend_is_checked_when_the_config_loads():
+    base = {"data": {"root": "d"}, "method": {"name": "fedavg"}}
+    with pytest.raises(ConfigError, match=r"engine.backend: cpus: Input should be greater"):
+        parse_config({**base, "engine": {"backend": {"name": "flower-sim", "cpus": -1}}})
+    with pytest.raises(ConfigError, match=r"engine.backend: unknown backend 'nope'"):
+        parse_config({**base, "engine": {"backend": "nope"}})
+    cfg = parse_config({**base, "engine": {"backend": {"name": "flower-sim", "gpus": 0.5}}})
+    assert cfg.engine.backend == {"name": "flower-sim", "gpus": 0.5}
