@@ -31,10 +31,11 @@ def _config(tmp_path, **engine):
 
 
 def _run(tmp_path, name: str, **setting) -> dict[tuple[str, ...], float]:
-    """Every site's training loss and test metric of a 1-round federation."""
+    """Every site's training loss and test metric of a 1-round federation whose config sets
+    ``engine`` to ``setting`` (the engine enters the precision block in each site worker)."""
     rounds: list[dict] = []
-    with precision(**setting):
-        res = InProcessRunner(_config(tmp_path), tmp_path / name).run(on_round=rounds.append)
+    cfg = _config(tmp_path, **setting)
+    res = InProcessRunner(cfg, tmp_path / name).run(on_round=rounds.append)
     out = {("loss", s): float(m["loss"]) for s, m in rounds[-1]["clients"].items()}
     for s, ms in res["sites"].items():
         out |= {(s, m, r): v for m, rs in ms.items() for r, v in rs.items()}

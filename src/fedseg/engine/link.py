@@ -16,6 +16,7 @@ import torch
 from fedseg.engine.sites import POOLED, SiteData, pooled_site
 from fedseg.engine.worker import EvalReply, MemoryStore, SiteWorker, TrainReply, initial_model
 from fedseg.methods import FederationSpec, Method, Payload, TrainSettings
+from fedseg.methods.training import Precision
 
 __all__ = ["EvalReply", "Failure", "InMemoryLink", "Link", "TrainReply"]
 
@@ -78,10 +79,12 @@ class InMemoryLink:
         seed: int,
         device: torch.device | str = "cpu",
         eval_batch_size: int = 16,
+        precision: Precision | None = None,
     ) -> None:
         self.spec, self.sites, self.regions = spec, dict(sites), dict(regions)
         self.train_cfg, self.seed, self.device = train, seed, torch.device(device)
         self.eval_batch_size = eval_batch_size
+        self.precision = precision or Precision()
         self.workers: dict[str, SiteWorker] = {}
 
     def announce(self, run_uid: str) -> dict[str, dict[str, Any]]:
@@ -107,6 +110,7 @@ class InMemoryLink:
                 model=model,
                 store=MemoryStore(),
                 regions=self.regions,
+                precision=self.precision,
                 eval_batch_size=self.eval_batch_size,
                 download=download,
             )

@@ -29,6 +29,7 @@ from fedseg.engine.sites import POOLED, SiteData
 from fedseg.engine.worker import EvalReply, MemoryStore, SiteWorker, TrainReply, initial_model
 from fedseg.errors import ConfigError
 from fedseg.methods import FederationSpec, Method, Payload, TrainSettings
+from fedseg.methods.training import Precision
 
 __all__ = ["ParallelLink", "in_memory_link"]
 
@@ -37,7 +38,7 @@ _CHILD: dict[str, Any] = {}
 
 
 def _start(blob: bytes) -> None:
-    method, seed, device, threads = pickle.loads(blob)
+    method, seed, device, threads, prec = pickle.loads(blob)
     torch.set_num_threads(threads)
     model = initial_model(method, seed, device)
     _CHILD.update(
@@ -46,6 +47,7 @@ def _start(blob: bytes) -> None:
         device=device,
         model=model,
         download=method.download_template(model),
+        precision=prec,
         workers={},
     )
 
@@ -68,6 +70,7 @@ def _worker(name: str, data: SiteData | None, initial: Any) -> SiteWorker:
             eval_batch_size=1,
             download=_CHILD["download"],
             initial=initial,
+            precision=_CHILD["precision"],
         )
     return workers[name]
 
@@ -138,6 +141,7 @@ class ParallelLink(InMemoryLink):
         eval_batch_size: int = 16,
         workers: int = 2,
         threads: int = 0,
+        precision: Precision | None = None,
     ) -> None:
         if workers < 1:
             raise ConfigError(f"engine.workers must be at least 1, got {workers}")
@@ -149,6 +153,7 @@ class ParallelLink(InMemoryLink):
             seed=seed,
             device=device,
             eval_batch_size=eval_batch_size,
+            precision=precision,
         )
         self.num_workers = workers
         self.threads = threads or max(1, torch.get_num_threads() // workers)
@@ -167,7 +172,9 @@ class ParallelLink(InMemoryLink):
             ctx = mp.get_context("forkserver" if "forkserver" in methods else "spawn")
             if ctx.get_start_method() == "forkserver":
                 ctx.set_forkserver_preload([__name__])
-            blob = pickle.dumps((self._method, self.seed, self.device, self.threads))
+            blob = pickle.dumps(
+                (self._method, self.seed, self.device, self.threads, self.precision)
+            )
             self._slots = [
                 _Slot(ProcessPoolExecutor(1, mp_context=ctx, initializer=_start, initargs=(blob,)))
                 for _ in range(self.num_workers)
@@ -291,10 +298,15 @@ def in_memory_link(
     eval_batch_size: int = 16,
     workers: int = 1,
     threads: int = 0,
+    precision: Precision | None = None,
 ) -> InMemoryLink:
     """The in-process link: sequential sites (``workers`` 1) or :class:`ParallelLink`."""
     kwargs: dict[str, Any] = dict(
-        train=train, seed=seed, device=device, eval_batch_size=eval_batch_size
+        train=train,
+        seed=seed,
+        device=device,
+        eval_batch_size=eval_batch_size,
+        precision=precision,
     )
     if workers <= 1:
         return InMemoryLink(spec, sites, regions, **kwargs)

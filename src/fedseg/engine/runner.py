@@ -11,11 +11,12 @@ import torch
 from fedseg.config import RunConfig
 from fedseg.data import FederatedDataset
 from fedseg.engine.flower.settings import sim_settings
-from fedseg.engine.link import InMemoryLink
 from fedseg.engine.loop import Federation, RoundCallback, loss_summary
+from fedseg.engine.pool import in_memory_link
 from fedseg.engine.prepare import prepare_data
 from fedseg.engine.rundir import RunDir
 from fedseg.engine.sites import load_sites
+from fedseg.methods.training import Precision
 
 __all__ = ["InProcessRunner", "loss_summary", "resolve_device"]
 
@@ -51,7 +52,7 @@ class InProcessRunner:
             return run_on_flower_sim(cfg, self.dir.path, sim, resume, on_round)
         fed = FederatedDataset.open(prepare_data(cfg))
         spec, sites = load_sites(fed, cfg.data.labels, cfg.data.sites, cfg.eval.split)
-        link = InMemoryLink(
+        link = in_memory_link(
             spec,
             sites,
             fed.manifest.regions,
@@ -59,5 +60,8 @@ class InProcessRunner:
             seed=cfg.seed,
             device=self.device,
             eval_batch_size=cfg.eval.batch_size,
+            workers=cfg.engine.workers,
+            threads=cfg.engine.threads,
+            precision=Precision(cfg.engine.amp, cfg.engine.channels_last),
         )
         return Federation(cfg, link, self.dir.path, spec.site_names).run(resume, on_round)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -22,6 +23,7 @@ from fedseg.errors import FedsegError
 from fedseg.evaluation import evaluate
 from fedseg.methods import ClientContext, ClientResult, Method, Payload, TrainSettings
 from fedseg.methods.base import Template, validate_payload
+from fedseg.methods.training import Precision, precision
 
 __all__ = [
     "EvalReply",
@@ -129,8 +131,12 @@ class SiteWorker:
         eval_batch_size: int,
         download: Template | None = None,
         initial: SiteState | None = None,
+        precision: Precision | None = None,
     ) -> None:
         self.method, self.data, self.train_cfg = method, data, train
+        self.precision = precision or Precision()
+        """Autocast and memory format of this site's forwards (``engine.amp``,
+        ``engine.channels_last``)."""
         self.seed, self.device, self.model, self.store = seed, device, model, store
         self.regions, self.eval_batch_size = dict(regions), eval_batch_size
         self.download = download if download is not None else method.download_template(model)
@@ -140,6 +146,9 @@ class SiteWorker:
         self.initial: SiteState = initial
         """The state before round 1, taken from the initial model before any training (or
         ``initial``: the one another process took)."""
+
+    def _precision(self) -> AbstractContextManager[Precision]:
+        return precision(self.precision.amp, self.precision.channels_last)
 
     @property
     def name(self) -> str:
@@ -168,7 +177,8 @@ class SiteWorker:
         start, st = self.state(r)
         ctx = self.context(r)
         ctx.optimizer_state = dict(st.get("optimizer", {}))
-        with seeded(derive_seed(self.seed, r, self.data.spec.index), self.device):
+        seed = derive_seed(self.seed, r, self.data.spec.index)
+        with self._precision(), seeded(seed, self.device):
             res = self.method.client_step(payload, st["method"], ctx)
         self.store.save(r, {"method": res.state, "optimizer": ctx.optimizer_state})
         return res, start
@@ -180,7 +190,7 @@ class SiteWorker:
         data = data or self.data
         _, st = self.state(r)
         ctx = self.context(r, data)
-        with seeded(derive_seed(self.seed, r, data.spec.index), self.device):
+        with self._precision(), seeded(derive_seed(self.seed, r, data.spec.index), self.device):
             return self.method.eval_model(payload, st["method"], ctx)
 
     def evaluate(self, r: int, payload: Payload, data: SiteData | None = None) -> EvalReply:
@@ -188,7 +198,7 @@ class SiteWorker:
         evaluates this site with, from the state before round ``r``."""
         data = data or self.data
         model = self.eval_model(r, payload, data)
-        with seeded(derive_seed(self.seed, r, data.spec.index), self.device):
+        with self._precision(), seeded(derive_seed(self.seed, r, data.spec.index), self.device):
             ev = evaluate(
                 model,
                 data.test_images,

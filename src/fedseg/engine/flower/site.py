@@ -38,6 +38,7 @@ from fedseg.engine.sites import load_sites
 from fedseg.engine.worker import SiteWorker, initial_model
 from fedseg.errors import ConfigError, DataError, UploadError
 from fedseg.methods import FederationSpec, Method, get_method
+from fedseg.methods.training import Precision
 from fedseg.models import parse_model
 
 __all__ = [
@@ -139,6 +140,7 @@ class SiteRuntime:
             model=initial_model(method, self.cfg.seed, self.device),
             store=self.store(run_uid, keep),
             regions=fed.manifest.regions,
+            precision=Precision(self.cfg.engine.amp, self.cfg.engine.channels_last),
             eval_batch_size=self.cfg.eval.batch_size,
         )
 
