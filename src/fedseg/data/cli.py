@@ -377,3 +377,73 @@ def import_nifti_cmd(
         console.print(
             f"dropped {result.dropped_slices} slices with empty masks (--keep-empty keeps them)"
         )
+
+
+@app.command("import-nnunet")
+def import_nnunet_cmd(
+    sources: Annotated[
+        list[Path], typer.Argument(help="nnU-Net v2 or MSD dataset folders (with dataset.json).")
+    ],
+    out: Annotated[Path, typer.Option(help="Output federation folder.")],
+    mode: Annotated[str, typer.Option(help="2d (slices) or 3d (volumes).")] = "2d",
+    shape: Annotated[str, typer.Option(help="2d: S or H,W; 3d: D,H,W.")] = "256",
+    axis: Annotated[int, typer.Option(help="Slice/depth axis after RAS reorientation.")] = 2,
+    fit: Annotated[str, typer.Option(help="3d: resize or crop (centre crop/pad).")] = "resize",
+    keep_empty: Annotated[bool, typer.Option(help="2d: keep slices with empty masks.")] = False,
+    normalize: Annotated[
+        str, typer.Option(help="Per-channel, per-case: minmax ([0, 1]), zscore or none.")
+    ] = "minmax",
+    ct_window: Annotated[
+        str | None, typer.Option(help="LOW,HIGH: clip channels named CT, scale to [0, 1].")
+    ] = None,
+    site_csv: Annotated[
+        Path | None, typer.Option(help="CSV with columns case,site (default: site per dataset).")
+    ] = None,
+    site_regex: Annotated[
+        str | None, typer.Option(help="Regex on the case id; its 'site' group (or group 1).")
+    ] = None,
+    test_fraction: Annotated[float, typer.Option(help="Share of each site's cases as test.")] = 0.2,
+    val_fraction: ValFraction = 0.0,
+    seed: Seed = 0,
+    task: Task = "imported",
+    annotation: SiteAnnotations = None,
+    overwrite: Overwrite = False,
+) -> None:
+    """Import nnU-Net v2 raw datasets / MSD tasks (one site per dataset, CSV or regex)."""
+    from fedseg.data.importers.nnunet import import_nnunet
+
+    with handled():
+        dims = _sizes(shape, 2 if mode == "2d" else 3, "--shape")
+        window = None
+        if ct_window is not None:
+            try:
+                low, high = (float(v) for v in ct_window.split(","))
+            except ValueError:
+                raise DataError(f"--ct-window must be LOW,HIGH, got {ct_window!r}") from None
+            window = (low, high)
+        with _progress("importing datasets") as progress:
+            result = import_nnunet(
+                sources,
+                out,
+                mode=mode,  # type: ignore[arg-type]
+                shape=dims,
+                axis=axis,
+                fit=fit,  # type: ignore[arg-type]
+                drop_empty=not keep_empty,
+                normalization=normalize,  # type: ignore[arg-type]
+                ct_window=window,
+                site_csv=site_csv,
+                site_regex=site_regex,
+                test_fraction=test_fraction,
+                val_fraction=val_fraction,
+                seed=seed,
+                task=task,
+                annotations=_assignments(annotation, "--annotation"),
+                overwrite=overwrite,
+                progress=progress,
+            )
+    _summary(out, result.manifest)
+    if result.dropped_slices:
+        console.print(
+            f"dropped {result.dropped_slices} slices with empty masks (--keep-empty keeps them)"
+        )

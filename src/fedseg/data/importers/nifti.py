@@ -29,7 +29,7 @@ from fedseg.data.manifest import Annotation, BoxConversion, Manifest
 from fedseg.data.writer import FederationWriter
 from fedseg.errors import DataError
 
-__all__ = ["NiftiImport", "import_nifti"]
+__all__ = ["NiftiImport", "case_samples", "import_nifti", "load_volume"]
 
 NIFTI_EXTENSIONS = (".nii", ".nii.gz")
 
@@ -124,19 +124,10 @@ def import_nifti(
                 image, label, spacing = _read_case(
                     img_path, lab_path, axis, mapping, len(class_names)
                 )
-                if ndim == 3:
-                    samples = [(case, *_fit(image, label, spacing, shape, fit))]
-                else:
-                    samples = [
-                        (f"{case}_{k:03d}", *_fit(image[k], label[k], spacing[1:], shape, "resize"))
-                        for k in range(len(image))
-                        if label[k].any() or not drop_empty
-                    ]
-                    dropped += len(image) - len(samples)
+                samples = case_samples(case, image[None], label, spacing, shape, fit, drop_empty)
+                dropped += len(image) - len(samples) if ndim == 2 else 0
                 for sample_id, img, lab, sp in samples:
-                    writer.add(
-                        site, split, sample_id, img[None], lab, spacing=sp, origin=str(img_path)
-                    )
+                    writer.add(site, split, sample_id, img, lab, spacing=sp, origin=str(img_path))
                 done += 1
                 if progress is not None:
                     progress(done, total)
@@ -147,8 +138,8 @@ def _read_case(
     img_path: Path, lab_path: Path, axis: int, mapping: Mapping[int, int] | None, k: int
 ) -> tuple[np.ndarray, np.ndarray, tuple[float, ...]]:
     """Volume and label with ``axis`` first, RAS-oriented; spacing in the same axis order."""
-    img, data = _load(img_path, "image")
-    _, raw = _load(lab_path, "label")
+    img, data = load_volume(img_path, "image")
+    _, raw = load_volume(lab_path, "label")
     if data.shape != raw.shape:
         raise DataError(
             f"{img_path}: image volume {data.shape} and its label {lab_path} {raw.shape} "
@@ -168,23 +159,55 @@ def _read_case(
     return image, np.transpose(label, order).astype(np.uint8), tuple(zooms[a] for a in order)
 
 
-def _load(path: Path, what: str) -> tuple[nib.Nifti1Image, np.ndarray]:
+def load_volume(
+    path: Path, what: str, channels: bool = False
+) -> tuple[nib.Nifti1Image, np.ndarray]:
     """The RAS-oriented volume at ``path`` (trailing axes of size 1 dropped) and its data as
-    float32; DataError naming the file when it is damaged, truncated or not 3D."""
+    float32, (x, y, z); with ``channels`` a 4D file (x, y, z, C) is accepted too and the data
+    come as (C, x, y, z). DataError naming the file when it is damaged, truncated or of the
+    wrong dimension."""
     try:
         volume = nib.squeeze_image(nib.load(path))
-        if volume.ndim == 3:
-            volume = nib.as_closest_canonical(volume)
-            return volume, volume.get_fdata(dtype=np.float32)
+        if volume.ndim == 3 or (channels and volume.ndim == 4):
+            parts = [volume] if volume.ndim == 3 else nib.four_to_three(volume)
+            parts = [nib.as_closest_canonical(v) for v in parts]
+            data = [v.get_fdata(dtype=np.float32) for v in parts]
+            return parts[0], np.stack(data) if channels else data[0]
     except Exception as e:  # every way a damaged file fails to parse is that file's problem
         raise DataError(unreadable(path, e, "a NIfTI volume")) from None
-    raise DataError(f"{path}: {what} must be a 3D volume (x, y, z), got shape {volume.shape}")
+    wanted = "a 3D (x, y, z) or 4D (x, y, z, channel)" if channels else "a 3D (x, y, z)"
+    raise DataError(f"{path}: {what} must be {wanted} volume, got shape {volume.shape}")
+
+
+def case_samples(
+    case: str,
+    image: np.ndarray,
+    label: np.ndarray,
+    spacing: Sequence[float],
+    shape: Sequence[int],
+    fit: str,
+    drop_empty: bool,
+) -> list[tuple[str, np.ndarray, np.ndarray, tuple[float, ...]]]:
+    """Samples ``(id, image, label, spacing)`` of one case: image (C, D, H, W), label (D, H, W).
+
+    A 3D ``shape`` keeps the volume, fitted by resizing or centre cropping/padding (``fit``); a
+    2D ``shape`` cuts slices along D (ids ``<case>_<k>``, resized; empty-mask slices dropped
+    when ``drop_empty``).
+    """
+    if len(shape) == 3:
+        return [(case, *_fit(image, label, spacing, shape, fit))]
+    return [
+        (f"{case}_{k:03d}", *_fit(image[:, k], label[k], spacing[1:], shape, "resize"))
+        for k in range(label.shape[0])
+        if label[k].any() or not drop_empty
+    ]
 
 
 def _fit(
     image: np.ndarray, label: np.ndarray, spacing: Sequence[float], shape: Sequence[int], fit: str
 ) -> tuple[np.ndarray, np.ndarray, tuple[float, ...]]:
+    """Channel-first ``image`` and ``label`` fitted to ``shape``; spacing follows resizing."""
     if fit == "crop":
         return center_crop_or_pad(image, shape), center_crop_or_pad(label, shape), tuple(spacing)
-    scaled = tuple(s * n / m for s, n, m in zip(spacing, image.shape, shape, strict=True))
-    return resize_image(image[None], shape)[0], resize_mask(label, shape), scaled
+    scaled = tuple(s * n / m for s, n, m in zip(spacing, label.shape, shape, strict=True))
+    return resize_image(image, shape), resize_mask(label, shape), scaled
