@@ -175,8 +175,11 @@ def load_volume(
             return parts[0], np.stack(data) if channels else data[0]
     except Exception as e:  # every way a damaged file fails to parse is that file's problem
         raise DataError(unreadable(path, e, "a NIfTI volume")) from None
-    wanted = "a 3D (x, y, z) or 4D (x, y, z, channel)" if channels else "a 3D (x, y, z)"
-    raise DataError(f"{path}: {what} must be {wanted} volume, got shape {volume.shape}")
+    wanted = "a 3D volume (x, y, z)" + (" or 4D (x, y, z, channel)" if channels else "")
+    raise DataError(f"{path}: {what} must be {wanted}, got shape {volume.shape}")
+
+
+_load = load_volume  # the name src/fedseg/inference.py imports
 
 
 def case_samples(
