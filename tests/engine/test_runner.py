@@ -117,25 +117,29 @@ def test_synth_block_creates_data(tmp_path):
 def test_kill_while_writing_a_checkpoint_resumes_to_the_same_results(
     fed_root, tmp_path, monkeypatch
 ):
-    """A crash after the old checkpoint was set aside but before the new one exists."""
+    """A crash after the old checkpoint was set aside but before the new one exists (the
+    new one half-written in its temporary file)."""
+    import os
+
     from fedseg.engine import rundir
 
     full = InProcessRunner(_cfg(fed_root), tmp_path / "full").run()
-    real = rundir.atomic_write_bytes
+    real = rundir.atomic_write
     calls = {"n": 0}
 
-    def dies_on_second_checkpoint(path, data):
+    def dies_on_second_checkpoint(path, write, keep_old=None):
         if path.name == "last.pt":
             calls["n"] += 1
             if calls["n"] == 2:
-                (path.parent / ".last.pt.killed").write_bytes(data[:100])  # half-written
+                (path.parent / ".last.pt.killed").write_bytes(b"PK\x03\x04half")
+                os.replace(path, keep_old)
                 raise Crash
-        return real(path, data)
+        return real(path, write, keep_old)
 
-    monkeypatch.setattr(rundir, "atomic_write_bytes", dies_on_second_checkpoint)
+    monkeypatch.setattr(rundir, "atomic_write", dies_on_second_checkpoint)
     with pytest.raises(Crash):
         InProcessRunner(_cfg(fed_root), tmp_path / "crashed").run()
-    monkeypatch.setattr(rundir, "atomic_write_bytes", real)
+    monkeypatch.setattr(rundir, "atomic_write", real)
     assert not (tmp_path / "crashed/checkpoints/last.pt").exists()
     resumed = InProcessRunner(_cfg(fed_root), tmp_path / "crashed").run(resume=True)
     assert resumed["sites"] == full["sites"]

@@ -10,10 +10,10 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 import yaml
@@ -58,8 +58,12 @@ def _umask() -> int:
 _FILE_MODE = 0o666 & ~_umask()
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a crash leaves either the old or the new file.
+def atomic_write(
+    path: Path, write: Callable[[BinaryIO], object], keep_old: Path | None = None
+) -> None:
+    """Stream ``write(file)`` into a temporary file beside ``path``, then move it to
+    ``path``, so that a crash leaves either the old or the new file (``keep_old``: the old
+    file is moved there first).
 
     The file gets the usual permissions (0666 minus the umask), not the private mode of a
     temporary file, so colleagues can read results as with any other file."""
@@ -67,14 +71,21 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            write(fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, _FILE_MODE)
+        if keep_old is not None and path.exists():
+            os.replace(path, keep_old)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """:func:`atomic_write` of ``data``."""
+    atomic_write(path, lambda fh: fh.write(data))
 
 
 def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -238,11 +249,7 @@ class RunDir:
 
     def save_checkpoint(self, state: dict[str, Any]) -> None:
         """Write ``last.pt`` atomically; the one it replaces is kept as ``previous.pt``."""
-        buf = io.BytesIO()
-        torch.save(state, buf)
-        if self.checkpoint.exists():
-            os.replace(self.checkpoint, self.previous)
-        atomic_write_bytes(self.checkpoint, buf.getvalue())
+        atomic_write(self.checkpoint, lambda fh: torch.save(state, fh), keep_old=self.previous)
 
     def load_checkpoint(self) -> dict[str, Any]:
         """The newest readable checkpoint, on the CPU (tensors and plain data only: no code
