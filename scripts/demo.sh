@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/fedseg run configs/quickstart.yaml --out runs/quickstart "$@"
+.venv/bin/fedseg run quickstart --out runs/quickstart "$@"

@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 
 from fedseg.cli import app
 from fedseg.config import apply_overrides, parse_config
-from fedseg.reproduce.harness import BUDGETS, apply_budget, budget_overrides, config_path
+from fedseg.configs import resolve_config
+from fedseg.reproduce.harness import BUDGETS, apply_budget, budget_overrides
 from fedseg.reproduce.papers import list_papers, load_paper
 
 TINY = ["data.synth.sites=2", "model.widths=[8,16,32]", "model.dropout=[0,0,0]"]
@@ -90,7 +91,7 @@ def test_every_row_of_every_table_is_a_valid_run(paper):
     for t in p.tables.values():
         for row in t.rows:
             for budget in ("smoke", "cpu", "paper"):
-                raw = yaml.safe_load(config_path(row.config).read_text())
+                raw = yaml.safe_load(resolve_config(row.config).read_text())
                 raw = apply_overrides(raw, list(row.overrides))
                 cfg = parse_config(apply_budget(raw, budget, budget_overrides(budget, p)))
                 if budget == "smoke":

@@ -38,7 +38,6 @@ __all__ = [
     "apply_budget",
     "budget_overrides",
     "compare_methods",
-    "config_path",
     "render_csv",
     "render_markdown",
     "reproduce",
@@ -57,7 +56,6 @@ BUDGETS: dict[str, dict[str, Any]] = {
 """Overrides per budget; ``paper`` is each paper's ``paper_budget`` (fedseg/papers/*.yaml)."""
 
 BUDGET_NAMES = ("smoke", "cpu", "paper")
-_REPO_CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
 
 def budget_overrides(budget: str, paper: Paper) -> dict[str, Any]:
@@ -88,18 +86,6 @@ def apply_budget(
     if any(k.startswith("data.synth.") for k in overrides) and synth:
         raw["data"]["root"] = f"{raw['data']['root']}-{budget}"
     return raw
-
-
-def config_path(name: str) -> Path:
-    """A shipped config by name (the repository's ``configs/`` until it moves into the
-    package)."""
-    try:
-        return resolve_config(name)
-    except ConfigError:
-        repo = _REPO_CONFIGS / f"{name}.yaml"
-        if repo.is_file():
-            return repo
-        raise
 
 
 def run_config(raw: dict[str, Any], run_dir: Path, source: str = "<config>") -> dict[str, Any]:
@@ -200,7 +186,7 @@ def reproduce(
     out = out or Path("runs") / "reproduce" / f"{paper}-{table}-{budget}"
     done = []
     for row in _select(t, rows):
-        path = config_path(row.config)
+        path = resolve_config(row.config)
         base = yaml.safe_load(path.read_text()) or {}
         raw = apply_overrides(base, list(row.overrides))
         raw = apply_budget(raw, budget, budget_set, then=overrides)
