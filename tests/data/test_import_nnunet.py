@@ -189,6 +189,12 @@ BROKEN = {
         "a_000.nii.gz: label values must be the integers 0..2 listed in dataset.json 'labels', "
         "got [4]",
     ),
+    "shared label value": (
+        lambda d: (d / "dataset.json").write_text(
+            '{"channel_names": {"0": "CT", "1": "T2"}, "labels": {"bg": 0, "a": 1, "b": 1}}'
+        ),
+        "'labels' 'a' and 'b' share 1",
+    ),
     "no channel names": (
         lambda d: (d / "dataset.json").write_text('{"channel_names": [], "labels": {}}'),
         "'channel_names' must be an object",
@@ -219,3 +225,21 @@ def test_option_errors(tmp_path: Path) -> None:
     a, b = nnunet_dataset(tmp_path, 1, "A"), msd_task(tmp_path / "m")
     with pytest.raises(DataError, match="datasets must agree"):
         import_nnunet([a, b], tmp_path / "f", mode="2d", shape=(8, 8))
+
+
+def test_msd_errors_name_the_entry(tmp_path: Path) -> None:
+    task = msd_task(tmp_path)
+    meta = json.loads((task / "dataset.json").read_text())
+    (task / "labelsTr" / "site1_1.nii.gz").unlink()
+    with pytest.raises(DataError, match=r"site1_1.nii.gz: missing \(listed in .*'training'\[1\]"):
+        import_nnunet([task], tmp_path / "f", mode="2d", shape=(8, 8))
+    meta["training"][1] = {"image": "./imagesTr/site1_1.nii.gz"}
+    (task / "dataset.json").write_text(json.dumps(meta))
+    with pytest.raises(DataError, match=r"'training'\[1\] must have 'image' and 'label' paths"):
+        import_nnunet([task], tmp_path / "f", mode="2d", shape=(8, 8))
+    meta["modality"] = {"0": "FLAIR"}
+    meta["training"] = meta["training"][:1]
+    (task / "dataset.json").write_text(json.dumps(meta))
+    with pytest.raises(DataError, match=r"site0_0\.nii\.gz: 2 channels, dataset\.json lists 1"):
+        import_nnunet([task], tmp_path / "f", mode="2d", shape=(8, 8))
+    assert not (tmp_path / "f").exists()

@@ -176,7 +176,10 @@ def _parse_nnunet(folder: Path, path: Path, meta: dict[str, Any], name: str) -> 
             raise DataError(
                 f"{path}: 'labels' value of {label_name!r} must be an int, got {value!r}"
             )
-        by_value[value] = label_name
+        if by_value.setdefault(value, label_name) != label_name:
+            raise DataError(
+                f"{path}: 'labels' {by_value[value]!r} and {label_name!r} share {value}"
+            )
     classes = _indexed({str(k): v for k, v in by_value.items()}, path, "labels")
     ending = meta.get("file_ending", ".nii.gz")
     if ending not in (".nii.gz", ".nii"):
@@ -205,8 +208,10 @@ def _parse_msd(folder: Path, path: Path, meta: dict[str, Any], name: str) -> _Da
         raise DataError(f"{path}: 'training' must be a non-empty list of {{image, label}}")
     cases = {}
     for k, entry in enumerate(training):
-        if not isinstance(entry, dict) or not {"image", "label"} <= set(entry):
-            raise DataError(f"{path}: 'training'[{k}] must have 'image' and 'label'")
+        if not isinstance(entry, dict) or not all(
+            isinstance(entry.get(key), str) for key in ("image", "label")
+        ):
+            raise DataError(f"{path}: 'training'[{k}] must have 'image' and 'label' paths")
         image, label = folder / entry["image"], folder / entry["label"]
         for f in (image, label):
             if not f.is_file():
@@ -221,12 +226,13 @@ def _indexed(value: object, path: Path, field: str) -> list[str]:
     if not isinstance(value, dict) or not value:
         raise DataError(f"{path}: '{field}' must be an object {{\"0\": name, ...}}")
     try:
-        keys = sorted(int(k) for k in value)
+        by_key = {int(k): str(v) for k, v in value.items()}
     except (TypeError, ValueError):
         raise DataError(f"{path}: '{field}' keys must be integers, got {list(value)}") from None
-    if keys != list(range(len(keys))):
-        raise DataError(f"{path}: '{field}' values must be 0..{len(keys) - 1}, got {keys}")
-    return [str(value[str(k)]) for k in keys]
+    keys = sorted(by_key)
+    if keys != list(range(len(value))):
+        raise DataError(f"{path}: '{field}' values must be 0..{len(value) - 1}, got {keys}")
+    return [by_key[k] for k in keys]
 
 
 def _assign_sites(
