@@ -27,9 +27,9 @@ from fedseg.config import load_config
 from fedseg.data import FederatedDataset
 from fedseg.data.arrays import normalize_intensity, resize_image, resize_mask
 from fedseg.data.importers.folder import IMAGE_EXTENSIONS
-from fedseg.data.importers.folder import _read_image as read_image_file
+from fedseg.data.importers.folder import read_image as read_image_file
 from fedseg.data.importers.nifti import NIFTI_EXTENSIONS
-from fedseg.data.importers.nifti import _load as load_ras_volume
+from fedseg.data.importers.nifti import load_volume as load_ras_volume
 from fedseg.data.manifest import Manifest
 from fedseg.engine.link import InMemoryLink
 from fedseg.engine.rundir import RunDir

@@ -105,7 +105,7 @@ def import_folder(
         total, done = sum(len(v) for v in plan.values()), 0
         for site, items in plan.items():
             for key, img_path, mask_path, split in items:
-                image = _read_image(img_path, channels)
+                image = read_image(img_path, channels)
                 raw_mask = _read_mask(mask_path)
                 if image.shape[1:] != raw_mask.shape:
                     raise DataError(
@@ -128,7 +128,7 @@ def import_folder(
         return writer.finish(chosen)
 
 
-def _read_image(path: Path, channels: int) -> np.ndarray:
+def read_image(path: Path, channels: int) -> np.ndarray:
     raw = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
     if raw is None:
         raise DataError(f"{path}: cannot be read as an image")

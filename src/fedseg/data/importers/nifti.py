@@ -179,9 +179,6 @@ def load_volume(
     raise DataError(f"{path}: {what} must be {wanted}, got shape {volume.shape}")
 
 
-_load = load_volume  # the name src/fedseg/inference.py imports
-
-
 def case_samples(
     case: str,
     image: np.ndarray,
