@@ -255,3 +255,43 @@ def test_import_nifti_errors(nifti_src: Path, tmp_path: Path) -> None:
         )
     with pytest.raises(DataError, match=r"need mode 2d with a \(H, W\) shape"):
         import_nifti(nifti_src, tmp_path / "c", class_names=["bg", "fg"], mode="3d", shape=(12, 12))
+
+
+def _nuclei_list_site(root: Path, site: str, n_train: int, n_val: int) -> None:
+    """The RethinkFL/FedBCS nuclei layout: ``root/<site>/{train,val}.txt`` listing
+    ``image label`` pairs relative to ``root``; labels are instance maps (>0: nucleus)."""
+    rng = np.random.default_rng(len(site))
+    (root / site / "img").mkdir(parents=True)
+    (root / site / "lab").mkdir()
+    for split, n in (("train", n_train), ("val", n_val)):
+        lines = []
+        for i in range(n):
+            image = (rng.random((20, 20, 3)) * 255).astype(np.uint8)
+            label = np.zeros((20, 20), np.uint8)
+            label[2:6, 2:6], label[10:14, 8:12] = 1, 2  # two nuclei instances
+            cv2.imwrite(str(root / site / "img" / f"{split}{i}.png"), image)
+            cv2.imwrite(str(root / site / "lab" / f"{split}{i}.png"), label)
+            lines.append(f"{site}/img/{split}{i}.png {site}/lab/{split}{i}.png")
+        (root / site / f"{split}.txt").write_text("\n".join(lines) + "\n")
+
+
+def test_import_folder_reads_list_file_layouts(tmp_path: Path) -> None:
+    src = tmp_path / "data"
+    _nuclei_list_site(src, "TNBC", 3, 2)
+    _nuclei_list_site(src, "KIRC", 4, 1)
+    m = import_folder(
+        src, tmp_path / "fed", class_names=["background", "nuclei"],
+        mapping={0: 0, 1: 1, 2: 1}, size=(16, 16), val_fraction=0.0,
+    )  # fmt: skip
+    assert m.site_names == ["KIRC", "TNBC"]
+    assert m.sites[1].splits == {"train": 3, "val": 0, "test": 2}  # val.txt is the eval list
+    fed = FederatedDataset.open(tmp_path / "fed")
+    assert fed.check() == []
+    assert set(fed.load("TNBC", "test").masks.unique().tolist()) == {0, 1}
+    (src / "KIRC" / "train.txt").write_text("KIRC/img/train0.png\n")
+    with pytest.raises(DataError, match=r"KIRC/train.txt:1: expected 'image mask'"):
+        import_folder(src, tmp_path / "f2", class_names=["bg", "n"], mapping={0: 0}, size=(8, 8))
+    (src / "KIRC" / "train.txt").write_text("KIRC/img/nope.png KIRC/lab/train0.png\n")
+    with pytest.raises(DataError, match=r"KIRC/train.txt:1: .*nope.png does not exist"):
+        import_folder(src, tmp_path / "f3", class_names=["bg", "n"], mapping={0: 0}, size=(8, 8))
+    assert not (tmp_path / "f2").exists() and not (tmp_path / "f3").exists()

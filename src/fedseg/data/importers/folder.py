@@ -20,14 +20,49 @@ from fedseg.data.importers.common import (
     map_levels,
     site_annotations,
     site_dirs,
+    stem,
 )
 from fedseg.data.manifest import Annotation, BoxConversion, Manifest
 from fedseg.data.writer import FederationWriter
 from fedseg.errors import DataError
 
-__all__ = ["IMAGE_EXTENSIONS", "import_folder"]
+__all__ = ["IMAGE_EXTENSIONS", "LIST_SPLITS", "import_folder", "list_pairs"]
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
+
+
+LIST_SPLITS = {"train.txt": "train", "test.txt": "test", "val.txt": "test"}
+"""List files of a site (RethinkFL/FedBCS nuclei layout) and the split they become: ``val.txt``
+is the evaluation list of that layout, so it becomes ``test`` unless a ``test.txt`` exists."""
+
+
+def list_pairs(site: Path, root: Path) -> dict[str, tuple[Path, Path, str]]:
+    """``id -> (image, mask, split)`` from ``site/{train,val,test}.txt`` (one ``image mask``
+    pair per line, paths relative to ``root``); empty when the site has no list files.
+
+    Raises:
+        DataError: naming the list file and line of a malformed line or a missing file.
+    """
+    lists = {name: site / name for name in LIST_SPLITS if (site / name).is_file()}
+    if "test.txt" in lists:
+        lists.pop("val.txt", None)
+    out: dict[str, tuple[Path, Path, str]] = {}
+    for name, path in lists.items():
+        for n, line in enumerate(path.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            fields = line.split()
+            if len(fields) != 2:
+                raise DataError(f"{path}:{n}: expected 'image mask', got {line.strip()!r}")
+            img, mask = (root / f for f in fields)
+            for f in (img, mask):
+                if not f.is_file():
+                    raise DataError(f"{path}:{n}: {f} does not exist")
+            key = f"{LIST_SPLITS[name]}/{stem(img)}"
+            if key in out:
+                raise DataError(f"{path}:{n}: image {img.name} is listed twice")
+            out[key] = (img, mask, LIST_SPLITS[name])
+    return out
 
 
 def import_folder(
@@ -58,7 +93,10 @@ def import_folder(
     3 RGB) and resized to ``size`` (H, W) (area/bilinear); masks are mapped with ``mapping``
     (grey level -> class, values within ``tolerance`` of a level accepted) and resized by
     nearest neighbour. Sites without ``train/``/``test/`` sub-folders get ``test_fraction`` of
-    their images as test; ``val_fraction`` of the training images become val (seeded).
+    their images as test; ``val_fraction`` of the training images become val (seeded). A site
+    with list files (``train.txt``, ``val.txt``/``test.txt``: ``image mask`` per line, relative
+    to ``src``, the layout of the FedBCS/RethinkFL nuclei data) takes its pairs and splits from
+    them.
     """
     if channels not in (1, 3):
         raise DataError(f"--channels must be 1 or 3, got {channels}")
@@ -68,6 +106,15 @@ def import_folder(
     src = Path(src)
     plan = {}
     for site in site_dirs(src):
+        listed = list_pairs(site, src)
+        if listed:
+            pairs = {k: (img, m) for k, (img, m, _) in listed.items()}
+            given = {k: split for k, (_, _, split) in listed.items()}
+            splits = assign_splits(
+                list(pairs), test_fraction=0, val_fraction=val_fraction, seed=seed, given=given
+            )
+            plan[site.name] = [(k, img, m, splits[k]) for k, (img, m) in pairs.items()]
+            continue
         parts = {s: site / s for s in ("train", "test") if (site / s).is_dir()}
         found = {
             split: find_pairs(
