@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -165,7 +166,8 @@ def main() -> None:
     for paper, table in chosen:
         spec = load_paper(paper).tables[table]
         for i, row in enumerate(spec.rows, start=1):
-            jobs.append(Job(paper, table, i, row.label, args.out / f"{paper}-{table}" / f"{i:02d}"))
+            folder = re.sub(r"[^a-z0-9]+", "-", row.label.lower()).strip("-")
+            jobs.append(Job(paper, table, i, row.label, args.out / f"{paper}-{table}" / folder))
     if not args.render:
         run_jobs([j for j in jobs if _timing(j).get("rc") != 0], args.jobs)
     print(render(jobs))
