@@ -69,6 +69,9 @@ class EvalSettings(_Strict):
     ``max(1, rounds // 4)`` rounds, i.e. three evaluations during a run of 4+ rounds."""
     batch_size: PositiveInt = 16
     split: Literal["test", "val"] = "test"
+    periodic_split: Literal["val", "test"] = "val"
+    """Split the periodic evaluation (``every``) scores: the validation split with full masks
+    (sites without one are left out of that record), or ``test``."""
     save_models: bool = True
     """After an in-process run, export every site's evaluation model (and the global model)
     to ``RUN/models/<site>.pt`` with the config and label map (see docs/predict.md)."""

@@ -48,9 +48,11 @@ class Link(Protocol):
         """The client step of round ``r`` on each site of ``payloads``."""
         ...
 
-    def evaluate(self, r: int, payloads: Mapping[str, Payload]) -> dict[str, EvalReply | Failure]:
-        """Evaluations keyed by the real sites the training sites of ``payloads`` stand for
-        (the pooled site of centralized training stands for every site)."""
+    def evaluate(
+        self, r: int, payloads: Mapping[str, Payload], split: str = "test"
+    ) -> dict[str, EvalReply | Failure]:
+        """Evaluations on ``split`` keyed by the real sites the training sites of ``payloads``
+        stand for (the pooled site of centralized training stands for every site)."""
         ...
 
     def state_dict(self) -> dict[str, Any]:
@@ -128,13 +130,18 @@ class InMemoryLink:
             out[name] = TrainReply(res.upload, res.metrics, start)
         return out
 
-    def evaluate(self, r: int, payloads: Mapping[str, Payload]) -> dict[str, EvalReply | Failure]:
+    def evaluate(
+        self, r: int, payloads: Mapping[str, Payload], split: str = "test"
+    ) -> dict[str, EvalReply | Failure]:
         out: dict[str, EvalReply | Failure] = {}
         for name, payload in payloads.items():
             worker = self.workers[name]
             targets = self.sites if name == POOLED else {name: self.sites[name]}
             for real, data in targets.items():
-                out[real] = worker.evaluate(r, payload, data)
+                if data.scored(split) is None:
+                    out[real] = f"no {split} split"
+                    continue
+                out[real] = worker.evaluate(r, payload, data, split)
         return out
 
     def state_dict(self) -> dict[str, Any]:

@@ -171,13 +171,15 @@ class RoundLoop:
             "sites and resume the run"
         )
 
-    def evaluate(self, r: int) -> tuple[dict[str, EvalReply], dict[str, Failure]]:
+    def evaluate(
+        self, r: int, split: str = "test"
+    ) -> tuple[dict[str, EvalReply], dict[str, Failure]]:
         """Evaluations of the connected sites with their current payloads (in site order)
         and the failures with reasons; a malformed reply is that site's failure."""
         names = self.server.spec.site_names
         connected = self.wait_for(names, 1)
         sent = {s: self.server.payloads[s] for s in names if s in connected}
-        replies = self.link.evaluate(r, sent)
+        replies = self.link.evaluate(r, sent, split)
         per_site: dict[str, EvalReply] = {}
         failures: dict[str, Failure] = {}
         regions: list[str] | None = None
@@ -196,6 +198,10 @@ class RoundLoop:
                 continue
             regions = regions or list(next(iter(reply.metrics.values())))
             per_site[s] = reply
+        if split != "test":  # the periodic evaluation: sites without that split sit it out
+            if failures:
+                log.info("periodic %s evaluation left out %s", split, failures)
+            return per_site, failures
         if failures:
             log.warning("evaluation failed on %s", failures)
         if not per_site:
@@ -317,7 +323,7 @@ class Federation:
             timing.append({"seconds": record["seconds"], "cpu_seconds": record["cpu_seconds"]})
             every = cfg.eval.every
             if every and (r + 1) % every == 0 and r + 1 < total:
-                per_site, _ = loop.evaluate(total)
+                per_site, _ = loop.evaluate(total, cfg.eval.periodic_split)
                 record["eval"] = {s: v.metrics["dsc"] for s, v in per_site.items()}
             self.dir.append_round(record)
             if r == total - 1 or (r + 1) % cfg.engine.checkpoint_every == 0:

@@ -234,12 +234,14 @@ class ParallelLink(InMemoryLink):
             out[name] = reply
         return out
 
-    def evaluate(self, r: int, payloads: Mapping[str, Payload]) -> dict[str, EvalReply | Failure]:
+    def evaluate(
+        self, r: int, payloads: Mapping[str, Payload], split: str = "test"
+    ) -> dict[str, EvalReply | Failure]:
         pairs = [
             (name, real) for name in payloads for real in (self.sites if name == POOLED else [name])
         ]
-        if self.num_workers == 1 or len(pairs) < 2:
-            return super().evaluate(r, payloads)
+        if self.num_workers == 1 or len(pairs) < 2 or split != "test":  # val: small, in here
+            return super().evaluate(r, payloads, split)
         packed = self._pack(payloads)
         jobs = [
             _Job(

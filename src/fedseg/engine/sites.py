@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -54,6 +54,10 @@ def seeded(seed: int, device: torch.device | None = None) -> Iterator[None]:
         yield
 
 
+EvalSplit = tuple[torch.Tensor, torch.Tensor, list[str], list[tuple[float, ...]] | None]
+"""Images, full masks, sample ids and spacing of a split evaluation scores."""
+
+
 @dataclass
 class SiteData:
     """A site's tensors on the CPU: training labels (weak or full) and full test masks."""
@@ -66,6 +70,21 @@ class SiteData:
     test_masks: torch.Tensor
     test_ids: list[str]
     test_spacing: list[tuple[float, ...]] | None
+    val_eval: EvalSplit | None = None
+    """The validation split with full masks (images, masks, ids, spacing), scored by the
+    periodic evaluation during training; None when the site has no validation split."""
+
+    def scored(self, split: str) -> SiteData | None:
+        """This site with ``split`` (``test`` or ``val``) as the data evaluation scores;
+        None when the site has no such split."""
+        if split == "test":
+            return self
+        if self.val_eval is None:
+            return None
+        images, masks, ids, spacing = self.val_eval
+        return replace(
+            self, test_images=images, test_masks=masks, test_ids=ids, test_spacing=spacing
+        )
 
 
 def load_sites(
@@ -86,6 +105,7 @@ def load_sites(
             raise DataError(f"{fed.root}: site {name!r} has no training samples")
         val = fed.load(name, "val", labels) if info.splits.get("val", 0) else None
         test = fed.load(name, eval_split, "full")
+        full_val = fed.load(name, "val", "full") if val is not None else None
         spec = SiteSpec(name, i, len(train.ids), info.annotation, info.sparsity)
         sites[name] = SiteData(
             spec,
@@ -96,6 +116,9 @@ def load_sites(
             test.masks,
             list(test.ids),
             test.spacing,
+            None
+            if full_val is None
+            else (full_val.images, full_val.masks, list(full_val.ids), full_val.spacing),
         )
     first = next(iter(sites.values()))
     spec = FederationSpec(

@@ -193,10 +193,16 @@ class SiteWorker:
         with self._precision(), seeded(derive_seed(self.seed, r, data.spec.index), self.device):
             return self.method.eval_model(payload, st["method"], ctx)
 
-    def evaluate(self, r: int, payload: Payload, data: SiteData | None = None) -> EvalReply:
-        """Score ``data`` (default: this site's) on its test split with the model the method
-        evaluates this site with, from the state before round ``r``."""
-        data = data or self.data
+    def evaluate(
+        self, r: int, payload: Payload, data: SiteData | None = None, split: str = "test"
+    ) -> EvalReply:
+        """Score ``data`` (default: this site's) on its ``split`` (``test``, or ``val`` for
+        the periodic evaluation) with the model the method evaluates this site with, from
+        the state before round ``r``."""
+        scored = (data or self.data).scored(split)
+        if scored is None:
+            raise FedsegError(f"site {(data or self.data).spec.name!r} has no {split} split")
+        data = scored
         model = self.eval_model(r, payload, data)
         with self._precision(), seeded(derive_seed(self.seed, r, data.spec.index), self.device):
             ev = evaluate(

@@ -100,13 +100,14 @@ class FlowerLink:
         self.run_uid = run_uid
         self.views = {s: spec_to_json(site_view(method.spec, s)) for s in method.spec.site_names}
 
-    def _body(self, site: str, r: int, payload: Payload) -> RecordDict:
+    def _body(self, site: str, r: int, payload: Payload, split: str = "test") -> RecordDict:
         meta = {
             "run-uid": self.run_uid,
             "round": r,
             "site": site,
             "spec": self.views[site],
             "keep": self.cfg.engine.checkpoint_every + 1,
+            "split": split,
         }
         return content(meta, payload=payload)
 
@@ -118,8 +119,10 @@ class FlowerLink:
             raise UploadError(f"reply envelope should be {want}, got {got}")
         return meta
 
-    def _send(self, kind: str, r: int, payloads: Mapping[str, Payload]) -> dict[str, Reply]:
-        bodies = {s: self._body(s, r, p) for s, p in payloads.items()}
+    def _send(
+        self, kind: str, r: int, payloads: Mapping[str, Payload], split: str = "test"
+    ) -> dict[str, Reply]:
+        bodies = {s: self._body(s, r, p, split) for s, p in payloads.items()}
         return self.transport.exchange(kind, bodies, self.settings.round_timeout)
 
     def train(self, r: int, payloads: Mapping[str, Payload]) -> dict[str, TrainReply | Failure]:
@@ -139,9 +142,11 @@ class FlowerLink:
             out[s] = TrainReply(upload, metrics, int(meta.get("from-round", -1)))
         return out
 
-    def evaluate(self, r: int, payloads: Mapping[str, Payload]) -> dict[str, EvalReply | Failure]:
+    def evaluate(
+        self, r: int, payloads: Mapping[str, Payload], split: str = "test"
+    ) -> dict[str, EvalReply | Failure]:
         out: dict[str, EvalReply | Failure] = {}
-        for s, reply in self._send("evaluate", r, payloads).items():
+        for s, reply in self._send("evaluate", r, payloads, split).items():
             if isinstance(reply, str):
                 out[s] = reply
                 continue

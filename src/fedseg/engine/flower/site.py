@@ -242,11 +242,13 @@ def handle_train(
 def handle_evaluate(
     body: RecordDict, node_config: Mapping[str, Any], run_config: Mapping[str, Any]
 ) -> RecordDict:
-    """Evaluate this site's model on its test split; per-region metrics out."""
+    """Evaluate this site's model on the requested split (test; val for the periodic
+    evaluation); per-region metrics out."""
     rt = LOADED.runtime(node_config, run_config)
     meta = read_meta(body)
     _addressed(rt, meta)
     r = int(meta["round"])
-    ev = LOADED.worker(node_config, run_config, meta).evaluate(r, read_payload(body))
+    split = str(meta.get("split", "test"))
+    ev = LOADED.worker(node_config, run_config, meta).evaluate(r, read_payload(body), split=split)
     reply = {"run-uid": meta["run-uid"], "round": r, "site": rt.site.name}
     return content(reply, evaluation=eval_record(ev.metrics, ev.cases, ev.per_case))
