@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -14,6 +14,9 @@ from rich.table import Table
 from fedseg.console import console, err, handled
 from fedseg.data.manifest import ANNOTATIONS, Manifest
 from fedseg.errors import DataError
+
+if TYPE_CHECKING:
+    from fedseg.data.importers.nifti import NiftiImport
 
 __all__ = ["app"]
 
@@ -60,6 +63,15 @@ def _progress(what: str) -> Iterator[Callable[[int, int], None]]:
     ) as bar:
         task = bar.add_task(what, total=None)
         yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+def _volume_summary(out: Path, result: NiftiImport) -> None:
+    """The federation table of a volume import and how many empty slices it dropped."""
+    _summary(out, result.manifest)
+    if result.dropped_slices:
+        console.print(
+            f"dropped {result.dropped_slices} slices with empty masks (--keep-empty keeps them)"
+        )
 
 
 def _summary(root: Path, m: Manifest) -> None:
@@ -372,11 +384,7 @@ def import_nifti_cmd(
                 overwrite=overwrite,
                 progress=progress,
             )
-    _summary(out, result.manifest)
-    if result.dropped_slices:
-        console.print(
-            f"dropped {result.dropped_slices} slices with empty masks (--keep-empty keeps them)"
-        )
+    _volume_summary(out, result)
 
 
 @app.command("import-nnunet")
@@ -442,8 +450,4 @@ def import_nnunet_cmd(
                 overwrite=overwrite,
                 progress=progress,
             )
-    _summary(out, result.manifest)
-    if result.dropped_slices:
-        console.print(
-            f"dropped {result.dropped_slices} slices with empty masks (--keep-empty keeps them)"
-        )
+    _volume_summary(out, result)

@@ -294,22 +294,12 @@ def in_memory_link(
     sites: Mapping[str, SiteData],
     regions: Mapping[str, list[int]],
     *,
-    train: TrainSettings,
-    seed: int,
-    device: torch.device | str = "cpu",
-    eval_batch_size: int = 16,
     workers: int = 1,
     threads: int = 0,
-    precision: Precision | None = None,
+    **settings: Any,
 ) -> InMemoryLink:
-    """The in-process link: sequential sites (``workers`` 1) or :class:`ParallelLink`."""
-    kwargs: dict[str, Any] = dict(
-        train=train,
-        seed=seed,
-        device=device,
-        eval_batch_size=eval_batch_size,
-        precision=precision,
-    )
+    """The in-process link: sequential sites (``workers`` 1) or :class:`ParallelLink`;
+    ``settings`` are :class:`InMemoryLink`'s (train, seed, device, ...)."""
     if workers <= 1:
-        return InMemoryLink(spec, sites, regions, **kwargs)
-    return ParallelLink(spec, sites, regions, workers=workers, threads=threads, **kwargs)
+        return InMemoryLink(spec, sites, regions, **settings)
+    return ParallelLink(spec, sites, regions, workers=workers, threads=threads, **settings)
