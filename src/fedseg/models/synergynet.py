@@ -27,10 +27,8 @@ from fedseg.models.unet import (
     CHANNELS,
     DROPOUT,
     ConvBlock,
-    Decoder,
-    Encoder,
+    UNet,
     UNetConfig,
-    UNetOutput,
 )
 from fedseg.models.vq import VectorQuantizer
 
@@ -116,7 +114,7 @@ class SynergyBlock(nn.Module):
         return self.fuse(torch.cat([z, fused], dim=1))
 
 
-class SynergyNet(nn.Module):
+class SynergyNet(UNet):
     """UNet encoder, :class:`SynergyBlock` bottleneck, UNet decoder (2D or 3D).
 
     ``private_keys`` (read by :class:`~fedseg.methods.partition.Partition`) lists the
@@ -136,27 +134,18 @@ class SynergyNet(nn.Module):
         codebook: Literal["shared", "private"] = "shared",
         **synergy: Any,
     ) -> None:
-        super().__init__()
-        self.ndim = ndim
-        self.encoder = Encoder(in_channels, ndim, channels, dropout_p, norm_kind)
+        super().__init__(
+            in_channels, num_classes, ndim, channels, dropout_p, norm_kind, head_kernel
+        )
         self.synergy = SynergyBlock(ndim, channels[-1], norm_kind=norm_kind, **synergy)
-        self.decoder = Decoder(num_classes, ndim, channels, None, norm_kind, head_kernel)
         self.private_keys: tuple[str, ...] = (
             ("synergy.quantizer.codebook.*",) if codebook == "private" else ()
         )
 
-    def _encode(self, x: torch.Tensor) -> list[torch.Tensor]:
+    def encode(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """The UNet's encoder features with the bottleneck (``enc<L>``) fused by the block."""
         feats = self.encoder(x)
         return [*feats[:-1], self.synergy(feats[-1])]
-
-    def forward_features(self, x: torch.Tensor) -> UNetOutput:
-        """Logits and features named as the UNet's (``enc<L>`` is the fused bottleneck)."""
-        enc = self._encode(x)
-        dec = self.decoder.features(enc)
-        return UNetOutput(self.decoder.head(dec[-1]), enc, dec)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.decoder(self._encode(x))
 
 
 @register_model("synergynet")

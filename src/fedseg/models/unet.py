@@ -231,14 +231,18 @@ class UNet(nn.Module):
             num_classes, ndim, channels, None, norm_kind, head_kernel, act, conv_bias, upsample
         )
 
+    def encode(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """The encoder features ``enc1`` ... ``enc<L>`` (a subclass may transform them)."""
+        return self.encoder(x)
+
     def forward_features(self, x: torch.Tensor) -> UNetOutput:
         """Run the network and keep every encoder and decoder feature."""
-        enc = self.encoder(x)
+        enc = self.encode(x)
         dec = self.decoder.features(enc)
         return UNetOutput(self.decoder.head(dec[-1]), enc, dec)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.decoder(self.encoder(x))
+        return self.decoder(self.encode(x))
 
 
 @register_model("unet")

@@ -49,7 +49,7 @@ class PAAUNet(UNet):
     def forward_features(self, x: torch.Tensor) -> UNetOutput:
         if not len(self.paa):
             return super().forward_features(x)
-        enc = self.encoder(x)
+        enc = self.encode(x)
         h, dec = enc[-1], []
         for up, skip, paa in zip(self.decoder.ups, reversed(enc[:-1]), self.paa, strict=True):
             d = F.interpolate(up.reduce(h), size=skip.shape[2:], mode=up.mode, align_corners=True)
