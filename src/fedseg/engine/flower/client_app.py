@@ -18,13 +18,11 @@ from fedseg.engine.flower.logs import configure_logging
 from fedseg.engine.flower.site import handle_evaluate, handle_hello, handle_train
 from fedseg.errors import FedsegError
 
-__all__ = ["Handler", "answer", "app"]
+__all__ = ["ConfigOf", "Handler", "answer", "app", "build_client_app"]
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[RecordDict, Mapping[str, Any], Mapping[str, Any]], RecordDict]
-
-app = ClientApp()
 
 
 def answer(
@@ -40,23 +38,34 @@ def answer(
     return Message(body, reply_to=msg)
 
 
-def _reply(msg: Message, context: Context, handler: Handler) -> Message:
-    return answer(msg, handler, context.node_config, context.run_config)
+ConfigOf = Callable[[Context], tuple[Mapping[str, Any], Mapping[str, Any]]]
+"""A message's context -> the (node config, run config) its site answers with."""
 
 
-@app.query("hello")
-def hello(msg: Message, context: Context) -> Message:
-    """Introduce this site to the server."""
-    return _reply(msg, context, handle_hello)
+def build_client_app(configs_of: ConfigOf) -> ClientApp:
+    """A ClientApp answering ``query.hello``, ``train`` and ``evaluate`` with the site
+    handlers, the site and run configs taken from each message's context by ``configs_of``."""
+    client = ClientApp()
+
+    def reply(msg: Message, context: Context, handler: Handler) -> Message:
+        return answer(msg, handler, *configs_of(context))
+
+    @client.query("hello")
+    def hello(msg: Message, context: Context) -> Message:
+        """Introduce this site to the server."""
+        return reply(msg, context, handle_hello)
+
+    @client.train()
+    def train(msg: Message, context: Context) -> Message:
+        """One client step of the configured method."""
+        return reply(msg, context, handle_train)
+
+    @client.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        """Evaluate this site's model on the split the message names."""
+        return reply(msg, context, handle_evaluate)
+
+    return client
 
 
-@app.train()
-def train(msg: Message, context: Context) -> Message:
-    """One client step of the configured method."""
-    return _reply(msg, context, handle_train)
-
-
-@app.evaluate()
-def evaluate(msg: Message, context: Context) -> Message:
-    """Evaluate this site's model on its own test split."""
-    return _reply(msg, context, handle_evaluate)
+app = build_client_app(lambda context: (context.node_config, context.run_config))

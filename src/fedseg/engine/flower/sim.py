@@ -17,18 +17,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from flwr.app import Context, Message
+from flwr.app import Context
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
 
 from fedseg.config import RunConfig
 from fedseg.data import FederatedDataset
-from fedseg.engine.flower.client_app import Handler, answer
+from fedseg.engine.flower.client_app import build_client_app
 from fedseg.engine.flower.link import run_federation
 from fedseg.engine.flower.server_app import GridLink
 from fedseg.engine.flower.settings import FlowerSettings, SimSettings, SiteConfig, run_config
-from fedseg.engine.flower.site import handle_evaluate, handle_hello, handle_train
 from fedseg.engine.loop import RoundCallback
 from fedseg.engine.prepare import prepare_data
 from fedseg.errors import FedsegError
@@ -52,27 +51,14 @@ def backend_config(sim: SimSettings) -> dict[str, Any]:
 
 def _client_app(sites: list[SiteConfig], rc: Mapping[str, Any]) -> ClientApp:
     """A ClientApp whose virtual node ``partition-id`` i is site ``sites[i]``."""
-    app = ClientApp()
 
-    def reply(msg: Message, context: Context, handler: Handler) -> Message:
+    def configs_of(context: Context) -> tuple[dict[str, Any], Mapping[str, Any]]:
         site = sites[int(context.node_config["partition-id"])]
         node = {"site-name": site.name, "data-dir": str(site.data_dir)}
         node |= {"state-dir": str(site.state_dir), "threads": site.threads}
-        return answer(msg, handler, node, rc)
+        return node, rc
 
-    @app.query("hello")
-    def hello(msg: Message, context: Context) -> Message:
-        return reply(msg, context, handle_hello)
-
-    @app.train()
-    def train(msg: Message, context: Context) -> Message:
-        return reply(msg, context, handle_train)
-
-    @app.evaluate()
-    def evaluate(msg: Message, context: Context) -> Message:
-        return reply(msg, context, handle_evaluate)
-
-    return app
+    return build_client_app(configs_of)
 
 
 def run_on_flower_sim(
