@@ -1,3 +1,6 @@
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -26,13 +29,21 @@ def _train(sim: Simulation) -> list[dict]:
 def test_fedavg_global_model_is_sample_weighted_mean_of_uploads():
     sim = _sim("fedavg")
     captured = {}
-    original = sim.method.server_step
+    original = sim.method.aggregator
 
-    def spy(uploads, state, ctx):
-        captured.update(uploads)
-        return original(uploads, state, ctx)
+    def spy(state, ctx):
+        agg = original(state, ctx)
+        add = agg.add
 
-    sim.method.server_step = spy
+        def record(site, upload):
+            captured[site] = Payload({k: v.clone() for k, v in upload.tensors.items()})
+            captured[site].num_examples = upload.num_examples
+            add(site, upload)
+
+        agg.add = record
+        return agg
+
+    sim.method.aggregator = spy
     sim.round(0)
     n = {s: u.num_examples for s, u in captured.items()}
     key = "decoder.head.weight"
@@ -40,6 +51,38 @@ def test_fedavg_global_model_is_sample_weighted_mean_of_uploads():
     for payload in sim.payloads.values():
         torch.testing.assert_close(payload.tensors[key], expected)
     assert n == {"site0": 8, "site1": 10, "site2": 12}
+    # the streaming average equals the method's own server step on the same uploads
+    direct = sim.method.server_step(captured, {}, _ctx(sim, 0))
+    for k, v in direct.payloads["site0"].tensors.items():
+        assert torch.equal(v, sim.payloads["site0"].tensors[k]), k
+
+
+def _ctx(sim: Simulation, r: int):
+    from fedseg.methods.base import ServerContext
+
+    return ServerContext(sim.method.spec, r, TRAIN, torch.Generator())
+
+
+def test_fedavg_server_holds_one_upload_at_a_time():
+    """In-process sites hand over their uploads one by one and FedAvg reduces each on
+    arrival: while a site trains, at most the previous site's upload is still alive."""
+    spec, sites = toy_federation(4)
+    cls = get_method("fedavg")
+    sim = Simulation(cls(cls.Config(), spec), sites, TRAIN, seed=0)
+    refs: list[weakref.ref] = []
+    alive_at_start: list[int] = []
+    for worker in sim.link.workers.values():
+
+        def train(r, payload, _orig=worker.train):
+            gc.collect()
+            alive_at_start.append(sum(ref() is not None for ref in refs))
+            res, start = _orig(r, payload)
+            refs.append(weakref.ref(res.upload.tensors["decoder.head.weight"]))
+            return res, start
+
+        worker.train = train
+    sim.round(0)
+    assert alive_at_start == [0, 1, 1, 1]
 
 
 def test_fedavg_learns_and_evaluates_every_site():

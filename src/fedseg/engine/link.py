@@ -8,7 +8,7 @@ sites are SuperNodes. A link returns, per site, a reply or the reason why there 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 import torch
@@ -18,10 +18,15 @@ from fedseg.engine.worker import EvalReply, MemoryStore, SiteWorker, TrainReply,
 from fedseg.methods import FederationSpec, Method, Payload, TrainSettings
 from fedseg.methods.training import Precision
 
-__all__ = ["EvalReply", "Failure", "InMemoryLink", "Link", "TrainReply"]
+__all__ = ["EvalReply", "Failure", "InMemoryLink", "Link", "Replies", "TrainReply"]
 
 Failure = str
 """Why a site has no reply (timeout, error, disconnect, rejected upload)."""
+
+Replies = Mapping[str, "TrainReply | Failure"] | Iterable[tuple[str, "TrainReply | Failure"]]
+"""A round's training replies: a mapping by site, or (site, reply) pairs in the order of the
+payloads, produced lazily by links that train sites one after another (so the server
+aggregates each upload before the next site trains)."""
 
 
 class Link(Protocol):
@@ -44,7 +49,7 @@ class Link(Protocol):
         """Prepare the sites to run ``method`` in run ``run_uid``."""
         ...
 
-    def train(self, r: int, payloads: Mapping[str, Payload]) -> dict[str, TrainReply | Failure]:
+    def train(self, r: int, payloads: Mapping[str, Payload]) -> Replies:
         """The client step of round ``r`` on each site of ``payloads``."""
         ...
 
@@ -123,12 +128,12 @@ class InMemoryLink:
     def model(self) -> torch.nn.Module:
         return next(iter(self.workers.values())).model
 
-    def train(self, r: int, payloads: Mapping[str, Payload]) -> dict[str, TrainReply | Failure]:
-        out: dict[str, TrainReply | Failure] = {}
+    def train(self, r: int, payloads: Mapping[str, Payload]) -> Iterator[tuple[str, TrainReply]]:
+        """Sites train one after another; each reply is handed over before the next site
+        trains, so only one upload is alive at a time."""
         for name, payload in payloads.items():
             res, start = self.workers[name].train(r, payload)
-            out[name] = TrainReply(res.upload, res.metrics, start)
-        return out
+            yield name, TrainReply(res.upload, res.metrics, start)
 
     def evaluate(
         self, r: int, payloads: Mapping[str, Payload], split: str = "test"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from fedseg.config import RunConfig, dump_config
-from fedseg.engine.link import Failure, Link
+from fedseg.engine.link import Failure, Link, Replies
 from fedseg.engine.results import build_results, communication_summary, validate_evaluation
 from fedseg.engine.rundir import SAFE_RESUME_CHANGES, RunDir, config_changes
 from fedseg.engine.server import ServerCore, make_method, spec_from_json, spec_to_json
@@ -125,15 +125,15 @@ class RoundLoop:
         for attempt in range(self.policy.retries + 1):
             connected = self.wait_for(names, need, strict=False)
             sent = {s: self.server.payloads[s] for s in names if s in connected}
-            replies = self.link.train(r, sent)
-            uploads, metrics, failures = {}, {}, {}
+            agg = self.server.aggregator(r)
+            uploaded, metrics, failures = [], {}, {}
             comm: dict[str, dict[str, Any]] = {"upload": {}, "download": {}}
             for s in names:
-                if s not in sent:
+                if s in sent:
+                    comm["download"][s] = _size(payload_size(sent[s]))
+                else:
                     failures[s] = "not connected"
-                    continue
-                comm["download"][s] = _size(payload_size(sent[s]))
-                reply = replies.get(s, "no reply")
+            for s, reply in _in_order(self.link.train(r, sent), list(sent)):
                 if isinstance(reply, Failure):
                     failures[s] = reply
                     continue
@@ -145,23 +145,25 @@ class RoundLoop:
                     log.warning("round %d: rejected the upload of site %r: %s", r + 1, s, e.reason)
                     failures[s] = f"rejected upload: {e.reason}"
                     continue
-                uploads[s], metrics[s] = reply.upload, reply.metrics
                 comm["upload"][s] = _size(payload_size(reply.upload))
-            if len(uploads) >= need:
-                server = self.server.step(r, uploads)
+                agg.add(s, reply.upload)
+                uploaded.append(s)
+                metrics[s] = reply.metrics
+            if len(uploaded) >= need:
+                server = self.server.finish(agg)
                 return {
                     "round": r,
-                    "participants": list(uploads),
+                    "participants": uploaded,
                     "clients": metrics,
                     "server": server,
-                    "failures": failures,
+                    "failures": {s: failures[s] for s in names if s in failures},
                     "comm": comm,
                 }
             log.warning(
                 "round %d attempt %d: %d valid uploads, need %d; failures: %s",
                 r + 1,
                 attempt + 1,
-                len(uploads),
+                len(uploaded),
                 need,
                 failures,
             )
@@ -207,6 +209,23 @@ class RoundLoop:
         if not per_site:
             raise FedsegError(f"no site could be evaluated: {failures}")
         return per_site, failures
+
+
+def _in_order(replies: Replies, order: list[str]) -> Iterator[tuple[str, TrainReply | Failure]]:
+    """(site, reply) for every site of ``order``, in that order: a lazy link's pairs as they
+    come (each upload can be aggregated and dropped before the next site trains), a
+    mapping's entries by site; a site without a reply gets the failure "no reply"."""
+    if isinstance(replies, Mapping):
+        for s in order:
+            yield s, replies.get(s, "no reply")
+        return
+    seen = set()
+    for s, reply in replies:
+        seen.add(s)
+        yield s, reply
+    for s in order:
+        if s not in seen:
+            yield s, "no reply"
 
 
 def _size(size: Mapping[str, int]) -> dict[str, int]:

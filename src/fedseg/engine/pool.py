@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from fedseg.engine.link import Failure, InMemoryLink
+from fedseg.engine.link import Failure, InMemoryLink, Replies
 from fedseg.engine.sites import POOLED, SiteData
 from fedseg.engine.worker import EvalReply, MemoryStore, SiteWorker, TrainReply, initial_model
 from fedseg.errors import ConfigError
@@ -209,7 +209,7 @@ class ParallelLink(InMemoryLink):
             out[site] = ((self._requests, id(p)), blobs[id(p)])
         return out
 
-    def train(self, r: int, payloads: Mapping[str, Payload]) -> dict[str, TrainReply | Failure]:
+    def train(self, r: int, payloads: Mapping[str, Payload]) -> Replies:
         if self.num_workers == 1 or len(payloads) < 2:
             return super().train(r, payloads)
         packed = self._pack(payloads)

@@ -29,7 +29,7 @@ from fedseg.methods import (
     TrainSettings,
     get_method,
 )
-from fedseg.methods.base import payload_size, validate_payload
+from fedseg.methods.base import Aggregator, payload_size, validate_payload
 from fedseg.models import parse_model
 
 __all__ = [
@@ -155,13 +155,14 @@ class ServerCore:
         declared = self.spec.site(site).num_train
         validate_payload(site, upload, self.upload_template, expected_examples=declared)
 
-    def step(self, r: int, uploads: Mapping[str, Payload]) -> dict[str, Any]:
-        """The server step of round ``r`` (generator seeded from (seed, round)); returns its
-        metrics."""
+    def aggregator(self, r: int) -> Aggregator:
+        """The method's aggregator for round ``r`` (generator seeded from (seed, round))."""
         gen = torch.Generator().manual_seed(derive_seed(self.seed, r, -1))
-        out = self.method.server_step(
-            uploads, self.state, ServerContext(self.spec, r, self.train, gen)
-        )
+        return self.method.aggregator(self.state, ServerContext(self.spec, r, self.train, gen))
+
+    def finish(self, agg: Aggregator) -> dict[str, Any]:
+        """Close the round's aggregation: new payloads and server state; its metrics."""
+        out = agg.finish()
         missing = [s for s in self.spec.site_names if s not in out.payloads]
         if missing:
             raise ConfigError(

@@ -10,7 +10,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, NamedTuple
+from typing import Any, ClassVar, Literal, NamedTuple, Protocol
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
@@ -21,9 +21,11 @@ from fedseg.methods.partition import Partition, ResolvedPartition
 from fedseg.models.registry import ModelConfig, parse_model
 
 __all__ = [
+    "Aggregator",
     "Batches",
     "ClientContext",
     "ClientResult",
+    "CollectUploads",
     "FederationSpec",
     "Method",
     "MethodConfig",
@@ -272,6 +274,33 @@ class ServerContext:
     generator: torch.Generator
 
 
+class Aggregator(Protocol):
+    """How the server consumes one round's uploads: one at a time, as they arrive.
+
+    The round loop feeds every valid upload to :meth:`add` (in the federation's site order)
+    and then calls :meth:`finish` once. An aggregator that reduces each upload on arrival
+    (a running average) keeps the server's memory independent of the number of sites.
+    """
+
+    def add(self, site: str, upload: Payload) -> None: ...
+
+    def finish(self) -> ServerResult: ...
+
+
+class CollectUploads:
+    """The default aggregator: keep every upload, then run the method's server step."""
+
+    def __init__(self, method: Method, state: State, ctx: ServerContext) -> None:
+        self.method, self.state, self.ctx = method, state, ctx
+        self.uploads: dict[str, Payload] = {}
+
+    def add(self, site: str, upload: Payload) -> None:
+        self.uploads[site] = upload
+
+    def finish(self) -> ServerResult:
+        return self.method.server_step(self.uploads, self.state, self.ctx)
+
+
 class Method(ABC):
     """Base of every federated method.
 
@@ -351,6 +380,11 @@ class Method(ABC):
         self, uploads: Mapping[str, Payload], state: State, ctx: ServerContext
     ) -> ServerResult:
         """Aggregate the uploads of the sites that replied into one payload per site."""
+
+    def aggregator(self, state: State, ctx: ServerContext) -> Aggregator:
+        """The aggregator of one round (default: collect the uploads, then
+        :meth:`server_step`); methods whose server step is a reduction override it."""
+        return CollectUploads(self, state, ctx)
 
     # -- evaluation ------------------------------------------------------------------------
     def eval_model(self, payload: Payload, state: State, ctx: ClientContext) -> nn.Module:

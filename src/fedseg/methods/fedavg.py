@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from fedseg.methods.aggregate import weighted_average
+from fedseg.methods.aggregate import RunningAverage
 from fedseg.methods.base import (
+    Aggregator,
     ClientContext,
     ClientResult,
     Payload,
@@ -49,5 +50,30 @@ class FedAvg(WSSMethod):
     def server_step(
         self, uploads: Mapping[str, Payload], state: State, ctx: ServerContext
     ) -> ServerResult:
-        payload = Payload(weighted_average(uploads))
-        return ServerResult({s.name: payload for s in ctx.spec.sites}, state)
+        agg = _SampleAverage(state, ctx)
+        for site, upload in uploads.items():
+            agg.add(site, upload)
+        return agg.finish()
+
+    def aggregator(self, state: State, ctx: ServerContext) -> Aggregator:
+        """A running sample-weighted average (the server holds one sum, not every upload),
+        unless a subclass replaced the server step."""
+        if type(self).server_step is not FedAvg.server_step:
+            return super().aggregator(state, ctx)
+        return _SampleAverage(state, ctx)
+
+
+class _SampleAverage:
+    """FedAvg's server step as a reduction: each upload is added to a running average
+    weighted by its example count, so memory does not grow with the number of sites."""
+
+    def __init__(self, state: State, ctx: ServerContext) -> None:
+        self.state, self.ctx = state, ctx
+        self.avg = RunningAverage()
+
+    def add(self, site: str, upload: Payload) -> None:
+        self.avg.add(upload.tensors, float(upload.num_examples))
+
+    def finish(self) -> ServerResult:
+        payload = Payload(self.avg.result())
+        return ServerResult({s.name: payload for s in self.ctx.spec.sites}, self.state)
