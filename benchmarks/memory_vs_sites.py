@@ -1,7 +1,7 @@
 """Peak memory and checkpoint size of an in-process run against the number of sites.
 
 Usage: python benchmarks/memory_vs_sites.py [--plan 10:64:10 100:64:10 1000:32:5]
-       [--methods fedavg fedbn fedlppa] [--widths 4,8,16,32,64] [--work /tmp/fedseg-memory]
+       [--methods fedavg fedbn fedlppa] [--widths 4,8,16,32,64] [--lazy] [--work /tmp/fedseg-memory]
 
 Each plan entry is ``sites:size:per_site``: a synthetic ``faz`` federation of that many sites
 (``fedseg data synth``), trained one round (one local step, batch 2, default UNet or
@@ -28,9 +28,9 @@ def _rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def one(method: str, root: Path, out: Path, widths: str) -> dict[str, float]:
+def one(method: str, root: Path, out: Path, widths: str, lazy: bool) -> dict[str, float]:
     """Run ``method`` one round on the federation at ``root`` (UNet ``widths``, comma-separated;
-    empty: the default); measurements of this process."""
+    empty: the default; ``lazy``: ``data.lazy``); measurements of this process."""
     import torch
 
     from fedseg.config import RunConfig
@@ -44,7 +44,7 @@ def one(method: str, root: Path, out: Path, widths: str) -> dict[str, float]:
     cfg = RunConfig.model_validate(
         {
             "name": f"memory-{method}",
-            "data": {"root": str(root), "labels": "weak"},
+            "data": {"root": str(root), "labels": "weak", "lazy": lazy},
             "method": {"name": method},
             "model": {
                 "name": "unet",
@@ -88,16 +88,18 @@ def main() -> None:
     ap.add_argument("--methods", nargs="+", default=list(METHODS))
     ap.add_argument("--work", type=Path, default=Path("/tmp/fedseg-memory"))
     ap.add_argument("--widths", default="", help="UNet widths, e.g. 4,8,16,32,64 (default UNet)")
-    ap.add_argument("--one", nargs=4, help=argparse.SUPPRESS)
+    ap.add_argument("--lazy", action="store_true", help="data.lazy: one site in memory")
+    ap.add_argument("--one", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        method, root, out, widths = args.one
-        print(json.dumps(one(method, Path(root), Path(out), widths)))
+        method, root, out, widths, lazy = args.one
+        print(json.dumps(one(method, Path(root), Path(out), widths, lazy == "lazy")))
         return
     print(
-        "| method | sites | px | imgs/site | peak MiB | base MiB | ckpt MiB | model MiB "
-        "| ckpt/model | wall s | CPU s |\n|---|---|---|---|---|---|---|---|---|---|---|"
+        "| method | sites | px | imgs/site | data | peak MiB | base MiB | ckpt MiB | model MiB "
+        "| ckpt/model | wall s | CPU s |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
+    mode = "lazy" if args.lazy else "memory"
     for entry in args.plan:
         sites, size, per_site = (int(v) for v in entry.split(":"))
         root = args.work / f"faz-{sites}-{size}-{per_site}"
@@ -106,7 +108,7 @@ def main() -> None:
             out = args.work / f"run-{method}-{sites}-{size}"
             subprocess.run(["rm", "-rf", str(out)], check=True)
             proc = subprocess.run(
-                [sys.executable, __file__, "--one", method, str(root), str(out), args.widths],
+                [sys.executable, __file__, "--one", method, str(root), str(out), args.widths, mode],
                 capture_output=True,
                 text=True,
             )
@@ -115,7 +117,7 @@ def main() -> None:
                 continue
             m = json.loads(proc.stdout.strip().splitlines()[-1])
             print(
-                f"| {method} | {sites} | {size} | {per_site} | {m['peak_mib']:.0f} "
+                f"| {method} | {sites} | {size} | {per_site} | {mode} | {m['peak_mib']:.0f} "
                 f"| {m['base_mib']:.0f} | {m['checkpoint_mib']:.1f} | {m['model_mib']:.1f} "
                 f"| {m['checkpoint_mib'] / m['model_mib']:.2f} | {m['wall_s']:.1f} "
                 f"| {m['cpu_s']:.1f} |",

@@ -60,6 +60,11 @@ class DataSettings(_Strict):
     """Train on the sites' weak labels or on full masks."""
     sites: list[str] | None = None
     """Subset of sites to use (default: all)."""
+    lazy: bool = False
+    """Read a site's samples from the folder each time it trains or is evaluated and drop
+    them after, so the engine holds one site's data at a time (for federations that do not
+    fit in memory; costs a re-read per site and round). Centralized training pools every
+    site and holds them all."""
     synth: SynthSettings | None = None
 
 

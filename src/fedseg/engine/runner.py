@@ -51,7 +51,9 @@ class InProcessRunner:
 
             return run_on_flower_sim(cfg, self.dir.path, sim, resume, on_round)
         fed = FederatedDataset.open(prepare_data(cfg))
-        spec, sites = load_sites(fed, cfg.data.labels, cfg.data.sites, cfg.eval.split)
+        spec, sites = load_sites(
+            fed, cfg.data.labels, cfg.data.sites, cfg.eval.split, lazy=cfg.data.lazy
+        )
         link = in_memory_link(
             spec,
             sites,

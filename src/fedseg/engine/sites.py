@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
+from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "POOLED",
+    "LazySiteData",
     "SiteData",
     "batch_stream",
     "client_context",
@@ -86,11 +88,53 @@ class SiteData:
             self, test_images=images, test_masks=masks, test_ids=ids, test_spacing=spacing
         )
 
+    def release(self) -> None:
+        """Drop tensors that can be read again (nothing: this site is held in memory)."""
+
+
+class LazySiteData(SiteData):
+    """A site whose tensors are read from its federation folder when first used and dropped
+    by :meth:`release` (``data.lazy``): an engine then holds one site's data at a time.
+
+    Pickles without its tensors, so worker processes read the site themselves."""
+
+    def __init__(self, spec: SiteSpec, load: Callable[[], SiteData]) -> None:
+        self.spec, self._load = spec, load
+        self._data: SiteData | None = None
+
+    def loaded(self) -> SiteData:
+        """The site's data, read now if it is not in memory."""
+        if self._data is None:
+            self._data = self._load()
+        return self._data
+
+    def scored(self, split: str) -> SiteData | None:
+        return self.loaded().scored(split)
+
+    def release(self) -> None:
+        self._data = None
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"spec": self.spec, "_load": self._load, "_data": None}
+
+
+def _lazy_field(name: str) -> property:
+    return property(lambda self: getattr(self.loaded(), name))
+
+
+for _name in (f.name for f in fields(SiteData) if f.name != "spec"):
+    setattr(LazySiteData, _name, _lazy_field(_name))
+
 
 def load_sites(
-    fed: FederatedDataset, labels: str, names: list[str] | None = None, eval_split: str = "test"
+    fed: FederatedDataset,
+    labels: str,
+    names: list[str] | None = None,
+    eval_split: str = "test",
+    lazy: bool = False,
 ) -> tuple[FederationSpec, dict[str, SiteData]]:
-    """Load the chosen sites of ``fed`` into memory and describe the federation."""
+    """The chosen sites of ``fed`` (in memory, or with ``lazy`` read when used) and the
+    federation they form."""
     m = fed.manifest
     known = {s.name: s for s in m.sites}
     chosen = names or [s.name for s in m.sites]
@@ -100,27 +144,12 @@ def load_sites(
     sites: dict[str, SiteData] = {}
     for i, name in enumerate(chosen):
         info = known[name]
-        train = fed.load(name, "train", labels)
-        if len(train.ids) == 0:
+        num_train = len(fed.ids(name, "train"))
+        if num_train == 0:
             raise DataError(f"{fed.root}: site {name!r} has no training samples")
-        val = fed.load(name, "val", labels) if info.splits.get("val", 0) else None
-        test = fed.load(name, eval_split, "full")
-        full_val = fed.load(name, "val", "full") if val is not None else None
-        spec = SiteSpec(name, i, len(train.ids), info.annotation, info.sparsity)
-        sites[name] = SiteData(
-            spec,
-            train.images,
-            train.labels,
-            (val.images, val.labels) if val is not None else None,
-            test.images,
-            test.masks,
-            list(test.ids),
-            test.spacing,
-            None
-            if full_val is None
-            else (full_val.images, full_val.masks, list(full_val.ids), full_val.spacing),
-        )
-    first = next(iter(sites.values()))
+        spec = SiteSpec(name, i, num_train, info.annotation, info.sparsity)
+        load = partial(_read_site, fed, spec, labels, eval_split)
+        sites[name] = LazySiteData(spec, load) if lazy else load()
     spec = FederationSpec(
         in_channels=m.channels,
         num_classes=m.num_classes,
@@ -128,9 +157,31 @@ def load_sites(
         ignore_index=m.ignore_index,
         labels=labels,
         sites=tuple(s.spec for s in sites.values()),
-        image_size=tuple(first.train_images.shape[2:]),
+        image_size=tuple(m.spatial_shape),
     )
     return spec, sites
+
+
+def _read_site(fed: FederatedDataset, spec: SiteSpec, labels: str, eval_split: str) -> SiteData:
+    name = spec.name
+    train = fed.load(name, "train", labels)
+    has_val = bool(fed.manifest.site(name).splits.get("val", 0))
+    val = fed.load(name, "val", labels) if has_val else None
+    test = fed.load(name, eval_split, "full")
+    full_val = fed.load(name, "val", "full") if has_val else None
+    return SiteData(
+        spec,
+        train.images,
+        train.labels,
+        (val.images, val.labels) if val is not None else None,
+        test.images,
+        test.masks,
+        list(test.ids),
+        test.spacing,
+        None
+        if full_val is None
+        else (full_val.images, full_val.masks, list(full_val.ids), full_val.spacing),
+    )
 
 
 def pooled_site(sites: dict[str, SiteData]) -> SiteData:

@@ -181,6 +181,7 @@ class SiteWorker:
         with self._precision(), seeded(seed, self.device):
             res = self.method.client_step(payload, st["method"], ctx)
         self.store.save(r, {"method": res.state, "optimizer": ctx.optimizer_state})
+        self.data.release()
         return res, start
 
     def eval_model(self, r: int, payload: Payload, data: SiteData | None = None) -> nn.Module:
@@ -199,9 +200,10 @@ class SiteWorker:
         """Score ``data`` (default: this site's) on its ``split`` (``test``, or ``val`` for
         the periodic evaluation) with the model the method evaluates this site with, from
         the state before round ``r``."""
-        scored = (data or self.data).scored(split)
+        source = data or self.data
+        scored = source.scored(split)
         if scored is None:
-            raise FedsegError(f"site {(data or self.data).spec.name!r} has no {split} split")
+            raise FedsegError(f"site {source.spec.name!r} has no {split} split")
         data = scored
         model = self.eval_model(r, payload, data)
         with self._precision(), seeded(derive_seed(self.seed, r, data.spec.index), self.device):
@@ -216,4 +218,5 @@ class SiteWorker:
                 ids=data.test_ids,
                 segment=self.method.segment,
             )
+        source.release()
         return EvalReply(ev.metrics, ev.cases, ev.per_case)
