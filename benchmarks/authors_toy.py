@@ -135,8 +135,9 @@ def prepare(toy: Toy, work: Path) -> tuple[Path, Path, list[str]]:
         sup_types.append(sup)
         for part in ("train", "test"):
             split = fed.load(site.name, part, labels="weak")
-            if len(split.ids) != (toy.train if part == "train" else toy.test):
-                raise SystemExit(f"site {site.name} {part}: {len(split.ids)} images, expected")
+            want = toy.train if part == "train" else toy.test
+            if len(split.ids) != want:
+                raise SystemExit(f"site {site.name} {part}: {len(split.ids)} images, not {want}")
             for i, sid in enumerate(split.ids):
                 with h5py.File(h5_root / f"Domain{k + 1}" / part / f"{sid}.h5", "w") as h5:
                     h5["image"] = split.images[i, 0].numpy()
@@ -440,6 +441,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.rounds < 2:
         ap.error("--rounds must be at least 2 (round 1 holds start-up)")
+    bad = [s for s in args.sides if s != "authors" and not re.fullmatch(r"fedseg:[1-9]\d*", s)]
+    if bad:
+        ap.error(f"--sides: unknown sides {bad} (authors, fedseg:N)")
     code = args.authors / "code_v4"
     if "authors" in args.sides and not (code / "flower_pCE_2D_v4_FedLPPA.py").is_file():
         ap.error(f"--authors: {code}/flower_pCE_2D_v4_FedLPPA.py not found")
@@ -459,10 +463,8 @@ def main() -> None:
             res = run_authors(
                 toy, args.work, h5_root, sup_types, code, args.authors_python, args.timeout
             )
-        elif side.startswith("fedseg:"):
-            res = run_fedseg(toy, args.work, fed_root, int(side.split(":")[1]), args.timeout)
         else:
-            ap.error(f"--sides: unknown side {side!r}")
+            res = run_fedseg(toy, args.work, fed_root, int(side.split(":")[1]), args.timeout)
         results.append(res)
         print(
             f"{side}: {res.total_wall:.1f} s wall, {res.total_cpu:.1f} s CPU in all; "
