@@ -7,6 +7,7 @@ inter-client prototype InfoNCE. No code of the paper is public; see docs/methods
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Literal
 
 import torch
 from pydantic import Field, PositiveFloat, PositiveInt
@@ -36,7 +37,7 @@ from fedseg.methods.prototypes import prototype_spec, prototype_tensors, read_pr
 from fedseg.methods.registry import register_method
 from fedseg.models.registry import ModelConfig
 
-__all__ = ["FedContrast", "allocate_prototypes"]
+__all__ = ["FedContrast", "allocate_prototypes", "class_balanced_infonce"]
 
 
 def allocate_prototypes(total: int, num_classes: int) -> list[int]:
@@ -53,6 +54,25 @@ def allocate_prototypes(total: int, num_classes: int) -> list[int]:
     return share
 
 
+def class_balanced_infonce(
+    features: torch.Tensor,
+    classes: torch.Tensor,
+    prototypes: torch.Tensor,
+    proto_classes: torch.Tensor,
+    tau: float,
+) -> torch.Tensor:
+    """:func:`prototype_infonce` averaged per class, then over the classes that have pixels
+    and prototypes: every class weighs the same however many of its pixels were sampled (the
+    balanced sample of the port rules at any resolution)."""
+    held = proto_classes.to(classes.device)
+    parts = [
+        prototype_infonce(features[classes == c], classes[classes == c], prototypes, held, tau)
+        for c in classes.unique().tolist()
+        if bool((held == c).any())
+    ]
+    return torch.stack(parts).mean() if parts else features.sum() * 0.0
+
+
 @register_method("fedcontrast")
 class FedContrast(AlignmentMethod):
     """FedAvg plus local clustered prototypes and prototype contrast.
@@ -61,9 +81,10 @@ class FedContrast(AlignmentMethod):
     and clusters them with k-means into ``per_class[c]`` prototypes (9 in all by default). It
     uploads them (``protos`` ``[9, D]`` + member counts; an empty cluster is a zero row with
     count 0). The server averages the weights and sends every site the prototypes of all
-    *other* sites (``peers``). Local training adds, on a class-balanced pixel sample,
+    *other* sites (``peers``). Local training adds, on a pixel sample of each batch,
     ``intra_weight * InfoNCE(own prototypes of the previous round)`` + ``inter_weight *
-    InfoNCE(peer prototypes)``: same-class prototypes are positives, the others negatives.
+    InfoNCE(peer prototypes)``: same-class prototypes are positives, the others negatives;
+    each InfoNCE is averaged per class, then over classes (``balance``).
 
     Reference: Zhou & Zheng, "FedContrast-GPA: Heterogeneous Federated Optimization via Local
     Contrastive Learning and Global Process-Aware Aggregation", MICCAI 2023.
@@ -87,6 +108,10 @@ class FedContrast(AlignmentMethod):
         """Weight of the whole prototype loss added to the segmentation loss."""
         tau: PositiveFloat = 0.1
         """InfoNCE temperature."""
+        balance: Literal["classes", "pixels"] = "classes"
+        """Reduction of the per-pixel InfoNCE: ``classes`` (mean of per-class means, the
+        class-balanced loss of the port rules) or ``pixels`` (plain mean over the sampled
+        pixels, background-dominated when the cap does not bind, e.g. at 32-64 px)."""
 
     config: Config
     extra_names = ("protos", "protos.count", "peers", "peers.label")
@@ -145,6 +170,7 @@ class FedContrast(AlignmentMethod):
         own = self._nonempty(state["own"], state["own.count"]) if "own" in state else None
 
         active = cfg.weight > 0 and (len(peers[0]) > 0 or own is not None)
+        infonce = class_balanced_infonce if cfg.balance == "classes" else prototype_infonce
 
         def terms(
             _: torch.Tensor, feats: torch.Tensor, labels: torch.Tensor
@@ -152,9 +178,9 @@ class FedContrast(AlignmentMethod):
             if not active:
                 return {}
             f, y = sample_pixels(feats, labels, ctx.spec.num_classes, cfg.pixels, ctx.generator)
-            value = cfg.inter_weight * prototype_infonce(f, y, *peers, cfg.tau)
+            value = cfg.inter_weight * infonce(f, y, *peers, cfg.tau)
             if own is not None:
-                value = value + cfg.intra_weight * prototype_infonce(f, y, *own, cfg.tau)
+                value = value + cfg.intra_weight * infonce(f, y, *own, cfg.tau)
             return {"proto_loss": cfg.weight * value}
 
         metrics = train_with_terms(FeatureView(ctx.model, cfg.level), ctx, terms)
