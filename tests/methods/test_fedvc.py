@@ -256,6 +256,25 @@ def test_pvtv2_fpn_backbone_ours_dagger_trains():
     assert torch.equal(sim.states["site1"]["weights"][VIRTUAL], before)
 
 
+def test_pvtv2_fpn_ours_dagger_segments_real_classes_at_the_input_size():
+    # The benchmark's size (32 px: the FPN map is 8x8, the deepest level 1x1). Virtual
+    # logits win the arg-max over all C + V channels at many pixels; the label map must
+    # still come from the C real channels, bilinearly brought back to the input grid.
+    spec, _ = toy_federation(2, num_classes=3, labels="full", size=32)
+    cls = get_method("fedvc")
+    method = cls(cls.Config(), spec, {"name": "pvtv2_fpn"})
+    torch.manual_seed(0)
+    model = method.build_model().eval()
+    x = torch.randn(2, spec.in_channels, 32, 32)
+    with torch.no_grad():
+        out = model(x)
+        labels = method.segment(model, x)
+    assert out.shape == (2, 3 + 6, 32, 32)
+    assert (out.argmax(1) >= 3).any()
+    assert labels.shape == (2, 32, 32) and int(labels.max()) < 3
+    assert torch.equal(labels, out[:, :3].argmax(1))
+
+
 def test_paa_computes_eqs_9_to_12():
     torch.manual_seed(0)
     paa = PAA(4, 6)
