@@ -258,6 +258,73 @@ def trajectory(row: Row) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plan(root: Path, sets: list[str]) -> list[tuple[str, str, list[Row]]]:
+    """Every group's rows under ``root``; a row repeating an earlier one (in priority
+    order) points to it."""
+    seen: dict[str, Row] = {}
+    groups = []
+    for group in GROUPS:
+        title, rows = rows_of(group, root)
+        for row in rows:
+            key = settings_key(row, sets)
+            row.same_as = seen.get(key)
+            seen.setdefault(key, row)
+        groups.append((group, title, rows))
+    return groups
+
+
+def summary(out: Path, seeds: list[int], chosen: list[str]) -> str:
+    """Per group, the average DSC of each seed, their mean, the mean HD95 and per-site DSC,
+    the mean local share of the main decoder, beside the paper's FAZ numbers (markdown)."""
+    plans = {k: plan(out / f"seed{k}", overrides(out / f"seed{k}", k)) for k in seeds}
+    parts = []
+    for g, (group, title, rows) in enumerate(plans[seeds[0]]):
+        if group not in chosen:
+            continue
+        sites: list[str] = []
+        lines = []
+        for i, row in enumerate(rows):
+            res = [_json(p[g][2][i].run.out / "run" / "results.json") for p in plans.values()]
+            res = [r for r in res if r]
+            if not res:
+                continue
+            sites = sites or list(res[0]["sites"])
+            dsc = [100 * r["average"]["dsc"]["faz"] for r in res]
+            hd = statistics.fmean(r["average"]["hd95"]["faz"] for r in res)
+            per = [statistics.fmean(100 * r["sites"][s]["dsc"]["faz"] for r in res) for s in sites]
+            share = [
+                personal_stats(p[g][2][i].run.out / "run").get("la_main_local_share", [None])[-1]
+                for p in plans.values()
+            ]
+            known = [v for v in share if v is not None]
+            pub = row.published
+            cells = [
+                row.label,
+                ", ".join(f"{v:.1f}" for v in dsc),
+                f"{statistics.fmean(dsc):.1f}",
+                *(f"{v:.1f}" for v in per),
+                f"{hd:.1f}",
+                _cell(statistics.fmean(known), 3) if known else "—",
+                _cell(pub[0]) if pub else "fig.",
+                _cell(pub[1]) if pub else "fig.",
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+        head = ["row", "DSC avg per seed", "DSC mean", *(f"DSC {s}" for s in sites)]
+        head += ["HD95 mean", "local share main", "paper DSC", "paper HD95"]
+        parts.append(
+            "\n".join(
+                [
+                    f"### {title}: seeds {', '.join(map(str, seeds))}",
+                    "",
+                    "| " + " | ".join(head) + " |",
+                    "|---" * len(head) + "|",
+                    *lines,
+                ]
+            )
+        )
+    return "\n\n".join(parts) + "\n"
+
+
 def main() -> None:
     """Run the chosen groups' rows (or only render them with --render); print markdown."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -265,24 +332,24 @@ def main() -> None:
     parser.add_argument("--group", action="append", choices=GROUPS, help="default: all")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--render", action="store_true", help="only render finished rows")
+    parser.add_argument("--summary", help="only summarise these seeds' runs, e.g. 0,1")
     args = parser.parse_args()
+    chosen = [g for g in GROUPS if g in (args.group or GROUPS)]
+    if args.summary:
+        seeds = [int(k) for k in args.summary.split(",")]
+        print(summary(args.out.resolve(), seeds, chosen))
+        return
     root = args.out.resolve() / f"seed{args.seed}"
     sets = overrides(root, args.seed)
-    groups = [g for g in GROUPS if g in (args.group or GROUPS)]
-    seen: dict[str, Row] = {}
     rendered = []
-    for group in groups:
-        title, rows = rows_of(group, root)
+    for group, title, rows in plan(root, sets):
+        if group not in chosen:
+            continue
         for row in rows:
-            key = settings_key(row, sets)
-            if key in seen:
-                row.same_as = seen[key]
-                continue
-            seen[key] = row
-            if not args.render and _json(row.out / "timing.json").get("rc") != 0:
-                t = run_row(row, sets)
+            if not args.render and _json(row.run.out / "timing.json").get("rc") != 0:
+                t = run_row(row.run, sets)
                 print(
-                    f"{group} {row.label}: rc {t['rc']}, {t['wall']:.0f} s wall, "
+                    f"{group} {row.run.label}: rc {t['rc']}, {t['wall']:.0f} s wall, "
                     f"{t['cpu']:.0f} s CPU",
                     flush=True,
                 )
