@@ -29,7 +29,6 @@ from fedseg.engine.sites import POOLED, SiteData
 from fedseg.engine.worker import EvalReply, MemoryStore, SiteWorker, TrainReply, initial_model
 from fedseg.errors import ConfigError
 from fedseg.methods import FederationSpec, Method, Payload, TrainSettings
-from fedseg.methods.training import Precision
 
 __all__ = ["ParallelLink", "in_memory_link"]
 
@@ -135,26 +134,14 @@ class ParallelLink(InMemoryLink):
         sites: Mapping[str, SiteData],
         regions: Mapping[str, list[int]],
         *,
-        train: TrainSettings,
-        seed: int,
-        device: torch.device | str = "cpu",
-        eval_batch_size: int = 16,
         workers: int = 2,
         threads: int = 0,
-        precision: Precision | None = None,
+        **settings: Any,
     ) -> None:
+        """``settings`` are :class:`InMemoryLink`'s (train, seed, device, ...)."""
         if workers < 1:
             raise ConfigError(f"engine.workers must be at least 1, got {workers}")
-        super().__init__(
-            spec,
-            sites,
-            regions,
-            train=train,
-            seed=seed,
-            device=device,
-            eval_batch_size=eval_batch_size,
-            precision=precision,
-        )
+        super().__init__(spec, sites, regions, **settings)
         self.num_workers = workers
         self.threads = threads or max(1, torch.get_num_threads() // workers)
         self._slots: list[_Slot] = []
