@@ -174,10 +174,12 @@ class RoundLoop:
         )
 
     def evaluate(
-        self, r: int, split: str = "test"
+        self, r: int, split: str = "test", periodic: bool = False
     ) -> tuple[dict[str, EvalReply], dict[str, Failure]]:
         """Evaluations of the connected sites with their current payloads (in site order)
-        and the failures with reasons; a malformed reply is that site's failure."""
+        and the failures with reasons; a malformed reply is that site's failure. A
+        ``periodic`` evaluation (during training) lets sites sit it out (e.g. without a
+        validation split); the final one needs at least one site and warns of failures."""
         names = self.server.spec.site_names
         connected = self.wait_for(names, 1)
         sent = {s: self.server.payloads[s] for s in names if s in connected}
@@ -200,7 +202,7 @@ class RoundLoop:
                 continue
             regions = regions or list(next(iter(reply.metrics.values())))
             per_site[s] = reply
-        if split != "test":  # the periodic evaluation: sites without that split sit it out
+        if periodic:
             if failures:
                 log.info("periodic %s evaluation left out %s", split, failures)
             return per_site, failures
@@ -342,7 +344,7 @@ class Federation:
             timing.append({"seconds": record["seconds"], "cpu_seconds": record["cpu_seconds"]})
             every = cfg.eval.every
             if every and (r + 1) % every == 0 and r + 1 < total:
-                per_site, _ = loop.evaluate(total, cfg.eval.periodic_split)
+                per_site, _ = loop.evaluate(total, cfg.eval.periodic_split, periodic=True)
                 record["eval"] = {s: v.metrics["dsc"] for s, v in per_site.items()}
             self.dir.append_round(record)
             if r == total - 1 or (r + 1) % cfg.engine.checkpoint_every == 0:
