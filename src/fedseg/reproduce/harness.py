@@ -130,6 +130,7 @@ class Reproduction:
     table: PaperTable
     budget: str
     overrides: dict[str, Any]
+    """The budget's overrides, then the caller's ``--set`` items (what the rows ran with)."""
     seeds: int
     rows: list[RowResult]
     out: Path
@@ -204,7 +205,8 @@ def reproduce(
             if on_run:
                 on_run(f"{row.label} (seed {run_raw['seed']})", res, seconds)
         done.append(result)
-    rep = Reproduction(p, t, budget, budget_set, seeds, done, out)
+    stated = {**budget_set, **dict(item.split("=", 1) for item in overrides)}
+    rep = Reproduction(p, t, budget, stated, seeds, done, out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(render_markdown(rep))
     (out / "table.csv").write_text(render_csv(rep))
