@@ -188,7 +188,10 @@ def _reap_all(timeout: float = 30.0) -> None:
 
 
 def _exited(p: subprocess.Popen[bytes]) -> bool:
-    """Whether ``p`` has exited, leaving it unreaped so that its /proc times stay readable."""
+    """Whether ``p`` has exited, leaving it unreaped so that its /proc times stay readable
+    (once reaped, e.g. by the crash check of :func:`_watch`, it has exited too)."""
+    if p.returncode is not None:
+        return True
     return os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
 
 
