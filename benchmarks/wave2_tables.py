@@ -109,10 +109,8 @@ def _timing(job: Job) -> dict:
 def render(jobs: list[Job]) -> str:
     """Markdown tables: per-site numbers, average, the paper's average, wall and CPU time."""
     parts: list[str] = []
-    for paper, table in TABLES:
+    for paper, table in dict.fromkeys((j.paper, j.table) for j in jobs):
         rows = [j for j in jobs if j.paper == paper and j.table == table]
-        if not rows:
-            continue
         spec = load_paper(paper).tables[table]
         sites: list[str] = []
         for job in rows:
