@@ -59,9 +59,7 @@ def _sim(method: str = "fedavg", **train) -> Simulation:
     cls = get_method(method)
     if "local_epochs" not in train:
         train.setdefault("local_iters", 2)
-    settings = TrainSettings(
-        **{"rounds": 2, "batch_size": 4, "augment": False, **train}
-    )
+    settings = TrainSettings(**{"rounds": 2, "batch_size": 4, "augment": False, **train})
     return Simulation(cls(cls.Config(), spec), sites, settings, seed=0)
 
 
