@@ -44,9 +44,25 @@ from fedseg.engine.runner import InProcessRunner
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def tree_cpu(roots: set[int]) -> float:
-    """CPU seconds (user + system, including reaped children) of the processes ``roots`` and
-    all their descendants (Flower starts some helpers in sessions of their own)."""
+ROLES = (
+    ("flwr-serverapp", "ServerApp"),
+    ("flower-superexec", "SuperExec"),
+    ("flower-superlink", "SuperLink"),
+    ("fedseg.engine.flower.executor", "site processes"),
+    ("supernode", "SuperNodes"),
+    ("flwr", "flwr run"),
+)
+"""Process roles by the first matching word of their command line."""
+
+
+def role(cmdline: str) -> str:
+    return next((name for word, name in ROLES if word in cmdline), "other")
+
+
+def tree_cpu(roots: set[int]) -> dict[str, float]:
+    """CPU seconds (user + system, including reaped children) of the processes ``roots``, the
+    children of this process (``flwr run``) and all their descendants (Flower starts some
+    helpers in sessions of their own), by role."""
     stats: dict[int, list[str]] = {}
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
@@ -58,12 +74,19 @@ def tree_cpu(roots: set[int]) -> float:
     children: dict[int, list[int]] = {}
     for pid, fields in stats.items():
         children.setdefault(int(fields[1]), []).append(pid)  # ppid
-    todo, total = [r for r in roots if r in stats], 0
+    roots = roots | set(children.get(os.getpid(), []))
+    todo, total = [r for r in roots if r in stats], dict.fromkeys([n for _, n in ROLES], 0.0)
     while todo:
         pid = todo.pop()
-        total += sum(int(v) for v in stats[pid][11:15])  # utime, stime, cutime, cstime
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                name = role(fh.read().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            name = "other"
+        ticks = sum(int(v) for v in stats[pid][11:15])  # utime, stime, cutime, cstime
+        total[name] = total.get(name, 0.0) + ticks / TICK
         todo += children.get(pid, [])
-    return total / TICK
+    return total
 
 
 def config(root: Path, args: argparse.Namespace, names: list[str]) -> RunConfig:
@@ -80,7 +103,10 @@ def config(root: Path, args: argparse.Namespace, names: list[str]) -> RunConfig:
                 "optimizer": "adamw",
                 "lr": 0.005,
             },
-            "eval": {"batch_size": 32},
+            "eval": {
+                "batch_size": 32,
+                **({} if args.eval_every is None else {"every": args.eval_every}),
+            },
             "engine": {"device": "cpu", "threads": 1},
         }
     )
@@ -99,11 +125,12 @@ def summary(total: float, rounds: list[dict[str, Any]], cpu: list[float], ev: fl
 
 
 def in_process(cfg: RunConfig, run_dir: Path) -> tuple[dict, dict]:
+    samples: list[float] = []
     t0 = time.perf_counter()
-    res = InProcessRunner(cfg, run_dir).run()
+    res = InProcessRunner(cfg, run_dir).run(on_round=lambda _: samples.append(time.process_time()))
     total = time.perf_counter() - t0
     rounds = [json.loads(x) for x in (run_dir / "rounds.jsonl").read_text().splitlines()]
-    cpu = [r["cpu_seconds"] for r in rounds]
+    cpu = [0.0] + [b - a for a, b in itertools.pairwise(samples)]
     return summary(total, rounds, cpu, res["timing"]["eval_seconds"]), res
 
 
@@ -113,7 +140,7 @@ def flower(cfg: RunConfig, root: Path, work: Path, names: list[str]) -> tuple[di
     settings = FlowerSettings(
         run_dir=run_dir, sites=tuple(names), min_sites=len(names), poll_interval=LOCAL_SERVER_POLL
     )
-    samples: list[float] = []
+    samples: list[dict[str, float]] = []
     done = threading.Event()
     t0 = time.perf_counter()
     with LocalFederation(sites, work / "fed", log_dir=run_dir / "flower-logs") as fed:
@@ -136,8 +163,12 @@ def flower(cfg: RunConfig, root: Path, work: Path, names: list[str]) -> tuple[di
         watcher.join()
     total = time.perf_counter() - t0
     rounds = [json.loads(x) for x in (run_dir / "rounds.jsonl").read_text().splitlines()]
-    cpu = [0.0] + [b - a for a, b in itertools.pairwise(samples)]
-    return summary(total, rounds, cpu, res["timing"]["eval_seconds"]), res
+    per_role = [{k: b[k] - a.get(k, 0.0) for k in b} for a, b in itertools.pairwise(samples)]
+    out = summary(
+        total, rounds, [0.0] + [sum(d.values()) for d in per_role], res["timing"]["eval_seconds"]
+    )
+    out["roles"] = {k: sum(d[k] for d in per_role) / len(per_role) for k in per_role[0]}
+    return out, res
 
 
 def main() -> None:
@@ -149,6 +180,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--per-site", type=int, default=24)
     ap.add_argument("--method", default="fedavg")
+    ap.add_argument(
+        "--eval-every",
+        type=int,
+        default=None,
+        help="Periodic evaluation every N rounds (0: none; default: fedseg's, every round here)",
+    )
     ap.add_argument("--keep", type=Path, default=None, help="Keep the runs in this folder.")
     args = ap.parse_args()
     if args.rounds < 2:
@@ -181,6 +218,9 @@ def main() -> None:
         print(f"| {label} | {ours[key]:.2f} | {fl[key]:.2f} | {fl[key] / ours[key]:.2f}x |")
     print("round walls (s): in-process", [f"{w:.2f}" for w in ours["round_wall"]])
     print("round walls (s): Flower    ", [f"{w:.2f}" for w in fl["round_wall"]])
+    print("Flower, CPU per steady round by process (s):")
+    for name, sec in fl["roles"].items():
+        print(f"  {name:15s} {sec:6.2f}")
     print("per-site results identical: yes")
 
 

@@ -81,7 +81,6 @@ def flower_env(flwr_home: Path) -> dict[str, str]:
         FLWR_HOME=str(flwr_home),
         FLWR_TELEMETRY_ENABLED="0",
         FLWR_DISABLE_UPDATE_CHECK="1",
-        FLWR_SUPEREXEC_TASK_POLL_INTERVAL="0.2",
         NO_PROXY=no_proxy,
         no_proxy=no_proxy,
     )

@@ -17,9 +17,11 @@ from typing import Any
 from flwr.app import Context, Message, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
+from flwr.superlink.grid import http_grid
 
 from fedseg.engine.flower.link import Reply, run_federation
 from fedseg.engine.flower.logs import configure_logging
+from fedseg.engine.flower.pulls import quick_pulls
 from fedseg.engine.flower.records import content, read_meta
 from fedseg.engine.flower.settings import FlowerSettings, run_config_of
 from fedseg.errors import FedsegError, UploadError
@@ -198,12 +200,16 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Run the fedseg experiment carried by the run config."""
+    """Run the fedseg experiment carried by the run config. A reply whose content is still
+    being uploaded is asked for again at the poll interval, not after Flower's 1-10 s
+    (:mod:`~fedseg.engine.flower.pulls`)."""
     settings = FlowerSettings.from_run_config(context.run_config)
     configure_logging(settings.run_dir)
+    poll = settings.poll_interval
     try:
         cfg = run_config_of(context.run_config)
-        results = run_federation(cfg, settings, GridLink(grid, settings.poll_interval))
+        with quick_pulls(http_grid, "pull_objects", poll / 10, poll):
+            results = run_federation(cfg, settings, GridLink(grid, poll))
         write_run_outputs(settings.run_dir, results)
     except FedsegError as e:
         log.error("run failed: %s", e.reason)

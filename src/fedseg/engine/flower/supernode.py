@@ -1,14 +1,15 @@
-"""``flower-supernode`` with a shorter idle poll, for federations on loopback.
+"""``flower-supernode`` with shorter waits, for federations on loopback.
 
 A Flower 1.41 SuperNode that finds no message waits 3 s before it asks the SuperLink again,
-and checks for its ClientApp's reply every 0.5 s. On loopback, where a round is a few seconds
-of training, that waiting is most of the round. ``python -m fedseg.engine.flower.supernode
-POLL ARGS...`` runs ``flower-supernode ARGS...`` with every such wait capped at ``POLL``
-seconds (more requests to the SuperLink: meant for a few local sites, not for deployments,
-which keep Flower's timing). It relies on the SuperNode loop of the pinned Flower version
-(``flwr.supernode.start_client_internal`` sleeping through its ``time`` module) and refuses
-to start if that module looks different.
-"""
+checks for its ClientApp's reply every 0.5 s, and asks for the content of a message that is
+still being uploaded again after 1 s, 2 s, ... (:mod:`~fedseg.engine.flower.pulls`). On
+loopback, where a round is a few seconds of training, that waiting is most of the round.
+``python -m fedseg.engine.flower.supernode POLL ARGS...`` runs ``flower-supernode ARGS...``
+with every such wait capped at ``POLL`` seconds (content: first after ``POLL / 10``; more
+requests to the SuperLink: meant for a few local sites, not for deployments, which keep
+Flower's timing). It relies on the SuperNode loop of the pinned Flower version
+(``flwr.supernode.start_client_internal`` sleeping through its ``time`` module and pulling
+through its ``pull_objects``) and refuses to start if that module looks different."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import sys
 import time
 import types
 from typing import Any
+
+from fedseg.engine.flower.pulls import quick_pulls
 
 __all__ = ["CappedClock", "main"]
 
@@ -44,9 +47,16 @@ def main(argv: list[str] | None = None) -> None:
 
     if not isinstance(getattr(loop, "time", None), types.ModuleType):
         raise SystemExit("this Flower version's SuperNode loop is not the one fedseg can tune")
+    try:
+        pulls = quick_pulls(loop, "pull_objects", cap / 10, cap)
+    except ValueError as e:
+        raise SystemExit(
+            f"this Flower version's SuperNode loop is not the one fedseg can tune: {e}"
+        ) from None
     loop.time = CappedClock(cap)  # type: ignore[assignment]
     sys.argv = ["flower-supernode", *args[1:]]
-    flower_supernode()
+    with pulls:
+        flower_supernode()
 
 
 if __name__ == "__main__":
