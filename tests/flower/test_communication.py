@@ -1,4 +1,5 @@
-"""Communication counted by the engine equals what the Flower link actually serialises."""
+"""Communication counted by the engine equals what the Flower link actually serialises (a
+training payload the site received with the evaluation before it travels there once)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from flwr.common.serde import recorddict_to_proto
 
 from fedseg.engine.flower.link import run_federation
-from fedseg.engine.flower.records import ARRAYS, LAYOUT, METRICS, read_meta
+from fedseg.engine.flower.records import ARRAYS, DIGEST, LAYOUT, METRICS, read_meta
 
 pytestmark = pytest.mark.flower
 
@@ -32,17 +33,27 @@ def _wire(body: RecordDict) -> tuple[int, int, int, int]:
 
 
 class MeasuringLink(DirectLink):
-    """Records what every training message and reply puts on the wire."""
+    """Records what every training message and reply puts on the wire; a training payload
+    sent by digest is measured in the evaluation message that brought it."""
 
     def __init__(self, inner: DirectLink) -> None:
         super().__init__(inner.sites, inner.rc)
         self.wire: dict[tuple[int, str, str], tuple[int, int, int, int]] = {}
+        self.evaluated: dict[str, RecordDict] = {}
+        self.by_digest = 0
 
     def _call(self, kind, site, body):  # type: ignore[no-untyped-def]
         reply = super()._call(kind, site, body)
+        if kind == "evaluate":
+            self.evaluated[site] = body
         if kind == "train":
-            r = int(read_meta(body)["round"])
-            self.wire[(r, site, "download")] = _wire(body)
+            r, carrier = int(read_meta(body)["round"]), body
+            if ARRAYS not in body:
+                carrier = self.evaluated[site]
+                assert read_meta(carrier)[DIGEST] == read_meta(body)[DIGEST]
+                self.by_digest += 1
+            data, tensors, numbers, _ = _wire(carrier)
+            self.wire[(r, site, "download")] = (data, tensors, numbers, _wire(body)[3])
             if not isinstance(reply, str):
                 self.wire[(r, site, "upload")] = _wire(reply)
         return reply
@@ -64,8 +75,12 @@ def test_counted_bytes_equal_the_serialised_tensors(federation: Path, tmp_path: 
             for site, counted in rec["comm"][way].items():
                 data, tensors, numbers, whole = link.wire[(rec["round"], site, way)]
                 assert counted["bytes"] == data + 8 * numbers
+                if (rec["round"], way) == (1, "download"):  # sent with the evaluation
+                    assert whole < 4096
+                    continue
                 # framing (the layout, the npy header, the envelope) is the only difference
                 assert data < whole <= data + 300 * tensors + 4096
+    assert link.by_digest == 2  # round 2's payloads came with round 1's evaluation
     up, down = rounds[0]["comm"]["upload"]["A"], rounds[0]["comm"]["download"]["A"]
     if method == "fedlc":  # every site's head comes down on top of the shared weights
         assert down["values"] - up["values"] == 2 * (16 * 3 * 9 + 3)

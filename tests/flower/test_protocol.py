@@ -10,7 +10,8 @@ import torch
 from flower_helpers import assert_same_metrics, direct_link, make_config
 
 from fedseg.engine.flower.link import run_federation
-from fedseg.engine.flower.records import content, read_meta, read_payload
+from fedseg.engine.flower.records import ARRAYS, PayloadCache, content, read_meta, read_payload
+from fedseg.engine.flower.site import LOADED
 from fedseg.engine.runner import InProcessRunner
 from fedseg.errors import ConfigError, FedsegError
 from fedseg.methods import Payload
@@ -55,6 +56,49 @@ def test_direct_federation_equals_in_process_run(federation: Path, tmp_path: Pat
         ref_state = ck_ref["sites"][s][1]["method"]
         for k, v in ref_state.get("weights", {}).items():
             assert torch.equal(state["weights"][k], v), k
+
+
+def test_a_site_that_lost_the_payload_named_by_digest_gets_it_again(
+    federation: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Round 2's training message names the model the site evaluated after round 1 by its
+    digest; a site process that restarted in between does not hold it, asks for it, gets it
+    in full, and the run equals the in-process one."""
+    cfg = make_config(federation, "fedavg")
+    ref = InProcessRunner(cfg, tmp_path / "inproc").run()
+    link, st = direct_link(cfg, federation, tmp_path / "flower")
+    call, named = link._call, []
+
+    def restart_b(kind: str, site: str, body):  # type: ignore[no-untyped-def]
+        if kind == "train" and ARRAYS not in body:
+            named.append(site)
+            if site == "B":
+                monkeypatch.setattr(LOADED, "payloads", PayloadCache())
+        return call(kind, site, body)
+
+    link._call = restart_b  # type: ignore[method-assign]
+    res = run_federation(cfg, st, link)
+    assert named == ["A", "B"]  # round 2 (periodic evaluation after round 1)
+    assert [link.sent.count(("train", s)) for s in ("A", "B")] == [2, 3]
+    assert_same_metrics(res["sites"], ref["sites"], 0.0)
+    assert res["params"] == ref["params"]
+    rounds = [json.loads(x) for x in (tmp_path / "flower/rounds.jsonl").read_text().splitlines()]
+    assert all(r["failures"] == {} for r in rounds)
+
+
+def test_without_reuse_every_message_carries_its_payload(federation: Path, tmp_path: Path):
+    cfg = make_config(federation, "fedavg")
+    link, st = direct_link(cfg, federation, tmp_path, reuse_payloads=False)
+    call, bodies = link._call, []
+
+    def record(kind: str, site: str, body):  # type: ignore[no-untyped-def]
+        bodies.append((kind, body))
+        return call(kind, site, body)
+
+    link._call = record  # type: ignore[method-assign]
+    run_federation(cfg, st, link)
+    sent = [b for kind, b in bodies if kind in ("train", "evaluate")]
+    assert len(sent) == 8 and all(ARRAYS in b for b in sent)  # 2 sites x (2 train + 2 eval)
 
 
 def test_site_failure_is_recorded_and_the_site_rejoins(federation: Path, tmp_path: Path):

@@ -16,7 +16,10 @@ from flwr.app import RecordDict
 
 from fedseg.config import RunConfig
 from fedseg.engine.flower.records import (
+    DIGEST,
     EVAL,
+    META,
+    RESEND,
     TRAIN_METRICS,
     content,
     read_eval,
@@ -78,6 +81,9 @@ class FlowerLink:
         self.transport, self.cfg, self.settings = transport, cfg, settings
         self.run_uid = ""
         self.views: dict[str, str] = {}
+        self.held: dict[str, str] = {}
+        """Digest of the payload each site received last and answered (settings.reuse)."""
+        self._sent: dict[str, str] = {}
         self._version = fedseg_version()
         self._warned: set[str] = set()
 
@@ -100,7 +106,9 @@ class FlowerLink:
         self.run_uid = run_uid
         self.views = {s: spec_to_json(site_view(method.spec, s)) for s in method.spec.site_names}
 
-    def _body(self, site: str, r: int, payload: Payload, split: str = "test") -> RecordDict:
+    def _body(
+        self, site: str, r: int, payload: Payload, split: str = "test", held: str | None = None
+    ) -> RecordDict:
         meta = {
             "run-uid": self.run_uid,
             "round": r,
@@ -109,7 +117,7 @@ class FlowerLink:
             "keep": self.cfg.engine.checkpoint_every + 1,
             "split": split,
         }
-        return content(meta, payload=payload)
+        return content(meta, payload=payload, held=held)
 
     def _check(self, site: str, r: int, body: RecordDict) -> dict[str, Any]:
         meta = read_meta(body)
@@ -122,8 +130,26 @@ class FlowerLink:
     def _send(
         self, kind: str, r: int, payloads: Mapping[str, Payload], split: str = "test"
     ) -> dict[str, Reply]:
-        bodies = {s: self._body(s, r, p, split) for s, p in payloads.items()}
-        return self.transport.exchange(kind, bodies, self.settings.round_timeout)
+        """Replies of the sites to ``payloads``; a payload a site holds (``self.held``) goes
+        by digest, and again in full to a site that asks for it (it restarted)."""
+        reuse = self.settings.reuse_payloads
+        bodies = {
+            s: self._body(s, r, p, split, self.held.pop(s, "") if reuse else None)
+            for s, p in payloads.items()
+        }
+        self._sent = {s: str(b[META].get(DIGEST, "")) for s, b in bodies.items()}
+        replies = self.transport.exchange(kind, bodies, self.settings.round_timeout)
+        again = [s for s, reply in replies.items() if _asks_again(reply)]
+        if again:
+            log.info("sending the payload again to %s (they do not hold it)", again)
+            bodies = {s: self._body(s, r, payloads[s], split, "") for s in again}
+            replies |= self.transport.exchange(kind, bodies, self.settings.round_timeout)
+        return replies
+
+    def _answered(self, site: str) -> None:
+        """``site`` answered the last message: it holds the payload that message named."""
+        if self._sent.get(site):
+            self.held[site] = self._sent[site]
 
     def train(self, r: int, payloads: Mapping[str, Payload]) -> dict[str, TrainReply | Failure]:
         out: dict[str, TrainReply | Failure] = {}
@@ -140,6 +166,7 @@ class FlowerLink:
             tm = reply.get(TRAIN_METRICS)
             metrics = read_metrics(tm) if tm is not None else {}  # type: ignore[arg-type]
             out[s] = TrainReply(upload, metrics, int(meta.get("from-round", -1)))
+            self._answered(s)
         return out
 
     def evaluate(
@@ -156,6 +183,7 @@ class FlowerLink:
                 if record is None:
                     raise UploadError(f"reply has no {EVAL!r} record")
                 out[s] = read_eval(record)  # type: ignore[arg-type]
+                self._answered(s)
             except (UploadError, KeyError, ValueError, TypeError) as e:
                 out[s] = f"invalid evaluation: {getattr(e, 'reason', e)}"
         return out
@@ -166,6 +194,16 @@ class FlowerLink:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         return None
+
+
+def _asks_again(reply: Reply) -> bool:
+    """Whether ``reply`` asks for the payload again (the site does not hold its digest)."""
+    if isinstance(reply, str):
+        return False
+    try:
+        return read_meta(reply).get(RESEND) is True
+    except UploadError:
+        return False
 
 
 def run_federation(

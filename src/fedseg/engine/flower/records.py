@@ -12,13 +12,22 @@ A payload's tensors travel **packed** (:func:`pack`): their bytes one after anot
 request with its own checks, so one array instead of one per tensor (a UNet has ~60) cuts the
 per-message cost of Flower's transport many times over. Packing copies each tensor once;
 unpacking copies each once into a writable tensor.
+
+A payload the server sends carries its digest (:data:`DIGEST`, SHA-256 of the packed bytes),
+and its tensors only if the receiving site does not hold it yet (``held``): with periodic
+evaluation, the model a site evaluates after round r is the one it trains in round r + 1, so
+the training message names it by digest instead of moving it again. A site keeps the packed
+payloads it received last (:class:`PayloadCache`) and answers a digest it does not hold with
+a request to send the payload again (:data:`RESEND`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import math
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -33,12 +42,16 @@ from fedseg.methods import Payload
 
 __all__ = [
     "ARRAYS",
+    "DIGEST",
     "EVAL",
     "LAYOUT",
     "META",
     "METRICS",
     "PACKED",
+    "RESEND",
     "TRAIN_METRICS",
+    "PayloadCache",
+    "PayloadNotHeld",
     "content",
     "eval_record",
     "metric_record",
@@ -57,6 +70,8 @@ METRICS = "metrics"
 TRAIN_METRICS = "train-metrics"
 EVAL = "eval"
 META = "fedseg"
+DIGEST = "payload-digest"
+RESEND = "resend-payload"
 
 
 def metric_record(values: Mapping[str, Any]) -> MetricRecord:
@@ -119,6 +134,27 @@ def unpack(array: Array, layout: str) -> dict[str, torch.Tensor]:
     return out
 
 
+class PayloadNotHeld(UploadError):
+    """A message names a payload by a digest the receiver does not hold."""
+
+
+class PayloadCache:
+    """The packed payloads a site received last (``capacity`` of them), by digest."""
+
+    def __init__(self, capacity: int = 4) -> None:
+        self.capacity = capacity
+        self._items: OrderedDict[str, tuple[Array, str]] = OrderedDict()
+
+    def put(self, digest: str, array: Array, layout: str) -> None:
+        self._items[digest] = (array, layout)
+        self._items.move_to_end(digest)
+        while len(self._items) > self.capacity:
+            self._items.popitem(last=False)
+
+    def get(self, digest: str) -> tuple[Array, str] | None:
+        return self._items.get(digest)
+
+
 def read_metrics(record: MetricRecord | None) -> dict[str, float]:
     """A MetricRecord of scalars as ``{name: float}`` (lists are dropped)."""
     if record is None:
@@ -131,15 +167,23 @@ def content(
     payload: Payload | None = None,
     train_metrics: Mapping[str, float] | None = None,
     evaluation: MetricRecord | None = None,
+    *,
+    held: str | None = None,
 ) -> RecordDict:
-    """A message body: the envelope plus whatever the message carries."""
+    """A message body: the envelope plus whatever the message carries. With ``held`` (the
+    digest of the payload the receiver holds, "" for none) the payload carries its digest
+    and its tensors only if it is not the one held."""
     records: dict[str, Any] = {META: ConfigRecord(dict(meta))}
     if payload is not None:
         packed, layout = pack(payload.tensors)
-        records[ARRAYS] = ArrayRecord({PACKED: packed})
+        digest = None if held is None else hashlib.sha256(packed.data).hexdigest()
+        if digest is None or digest != held:
+            records[ARRAYS] = ArrayRecord({PACKED: packed})
+            records[META][LAYOUT] = layout
+        if digest is not None:
+            records[META][DIGEST] = digest
         records[METRICS] = metric_record(payload.metrics)
         records[META]["num-examples"] = int(payload.num_examples)
-        records[META][LAYOUT] = layout
     if train_metrics is not None:
         records[TRAIN_METRICS] = metric_record(train_metrics)
     if evaluation is not None:
@@ -155,20 +199,32 @@ def read_meta(body: RecordDict) -> dict[str, Any]:
     return dict(rec)
 
 
-def read_payload(body: RecordDict) -> Payload:
-    """The payload of a message; UploadError naming what is malformed."""
+def read_payload(body: RecordDict, cache: PayloadCache | None = None) -> Payload:
+    """The payload of a message; UploadError naming what is malformed. With a ``cache``, a
+    payload sent with its digest is kept there, and one named only by its digest is taken
+    from there (PayloadNotHeld if it is not)."""
     arrays, metrics, meta = body.get(ARRAYS), body.get(METRICS), read_meta(body)
+    digest = meta.get(DIGEST)
+    if arrays is None and cache is not None and isinstance(digest, str):
+        held = cache.get(digest)
+        if held is None:
+            raise PayloadNotHeld(f"the payload {digest[:12]} is not held here")
+        arrays, layout = ArrayRecord({PACKED: held[0]}), held[1]
+    else:
+        layout = str(meta.get(LAYOUT, ""))
     if not isinstance(arrays, ArrayRecord):
         raise UploadError(f"message has no {ARRAYS!r} ArrayRecord (records: {sorted(body)})")
     if list(arrays) != [PACKED]:
         raise UploadError(f"the {ARRAYS!r} record must hold only {PACKED!r}, got {list(arrays)}")
     try:
-        tensors = unpack(arrays[PACKED], str(meta.get(LAYOUT, "")))
+        tensors = unpack(arrays[PACKED], layout)
     except Exception as e:  # malformed arrays from a remote party
         raise UploadError(f"cannot read the {ARRAYS!r} record: {e}") from None
     n = meta.get("num-examples", 0)
     if not isinstance(n, int) or isinstance(n, bool):
         raise UploadError(f"num-examples must be an int, got {n!r}")
+    if cache is not None and isinstance(digest, str) and ARRAYS in body:
+        cache.put(digest, arrays[PACKED], layout)
     return Payload(tensors, read_metrics(metrics if isinstance(metrics, MetricRecord) else None), n)
 
 

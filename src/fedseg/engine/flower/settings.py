@@ -57,6 +57,9 @@ class FlowerSettings:
     """Extra attempts of a round that got fewer than ``min_sites`` valid uploads."""
     poll_interval: float = 0.5
     """Seconds between polls for replies."""
+    reuse_payloads: bool = True
+    """Send a site a payload it already received (the model it evaluated is the one it
+    trains next) by digest only (:mod:`~fedseg.engine.flower.records`)."""
 
     def min_replies(self, num_sites: int) -> int:
         """The effective minimum for a federation of ``num_sites`` sites."""
@@ -75,6 +78,7 @@ class FlowerSettings:
             "join-timeout": float(self.join_timeout),
             "retries": self.retries,
             "poll-interval": float(self.poll_interval),
+            "reuse-payloads": self.reuse_payloads,
         }
 
     @classmethod
@@ -92,6 +96,7 @@ class FlowerSettings:
             join_timeout=float(rc.get("join-timeout", 600.0)),
             retries=int(rc.get("retries", 2)),
             poll_interval=float(rc.get("poll-interval", 0.5)),
+            reuse_payloads=bool(rc.get("reuse-payloads", True)),
         )
         for name in ("round_timeout", "join_timeout", "poll_interval"):
             v = getattr(s, name)

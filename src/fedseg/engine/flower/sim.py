@@ -83,6 +83,7 @@ def run_on_flower_sim(
         retries=0,
         join_timeout=600.0,
         poll_interval=POLL,
+        reuse_payloads=False,  # any Ray actor may answer a site's next message
     )
     sites = [SiteConfig(n, root, run_dir / "sites" / n, threads=cfg.engine.threads) for n in order]
     out: dict[str, Any] = {}

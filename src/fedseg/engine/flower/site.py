@@ -30,7 +30,15 @@ from flwr.app import RecordDict
 
 from fedseg.config import RunConfig, method_config
 from fedseg.data import FederatedDataset
-from fedseg.engine.flower.records import content, eval_record, read_meta, read_payload
+from fedseg.engine.flower.records import (
+    RESEND,
+    PayloadCache,
+    PayloadNotHeld,
+    content,
+    eval_record,
+    read_meta,
+    read_payload,
+)
 from fedseg.engine.flower.settings import SiteConfig, run_config_of
 from fedseg.engine.flower.site_state import SiteStateStore
 from fedseg.engine.server import spec_from_json
@@ -153,6 +161,8 @@ class Loaded:
         self.capacity = capacity
         self.runtimes: OrderedDict[str, SiteRuntime] = OrderedDict()
         self.workers: OrderedDict[tuple[str, str, str, int], SiteWorker] = OrderedDict()
+        self.payloads = PayloadCache(capacity)
+        """The payloads received last, for messages that name them by digest."""
 
     def _get(self, cache: OrderedDict[Any, Any], key: Any, build: Callable[[], Any]) -> Any:
         if key not in cache:
@@ -199,6 +209,15 @@ def _addressed(rt: SiteRuntime, meta: Mapping[str, Any]) -> None:
         raise UploadError(f"message for site {meta.get('site')!r} reached site {rt.site.name!r}")
 
 
+def _resend(rt: SiteRuntime, meta: Mapping[str, Any]) -> RecordDict:
+    """The reply asking for the payload that a message named by digest (e.g. after a restart
+    of this process)."""
+    log.info("site %s: asks for the payload of round %d again", rt.site.name, meta["round"])
+    return content(
+        {"run-uid": meta["run-uid"], "round": meta["round"], "site": rt.site.name, RESEND: True}
+    )
+
+
 def handle_hello(
     body: RecordDict, node_config: Mapping[str, Any], run_config: Mapping[str, Any]
 ) -> RecordDict:
@@ -220,7 +239,11 @@ def handle_train(
     meta = read_meta(body)
     _addressed(rt, meta)
     r = int(meta["round"])
-    res, start = LOADED.worker(node_config, run_config, meta).train(r, read_payload(body))
+    try:
+        payload = read_payload(body, LOADED.payloads)
+    except PayloadNotHeld:
+        return _resend(rt, meta)
+    res, start = LOADED.worker(node_config, run_config, meta).train(r, payload)
     seconds = time.perf_counter() - t0
     log.info(
         "site %s: round %d done in %.1fs (state of round %d)",
@@ -249,6 +272,10 @@ def handle_evaluate(
     _addressed(rt, meta)
     r = int(meta["round"])
     split = str(meta.get("split", "test"))
-    ev = LOADED.worker(node_config, run_config, meta).evaluate(r, read_payload(body), split=split)
+    try:
+        payload = read_payload(body, LOADED.payloads)
+    except PayloadNotHeld:
+        return _resend(rt, meta)
+    ev = LOADED.worker(node_config, run_config, meta).evaluate(r, payload, split=split)
     reply = {"run-uid": meta["run-uid"], "round": r, "site": rt.site.name}
     return content(reply, evaluation=eval_record(ev.metrics, ev.cases, ev.per_case))
