@@ -36,8 +36,8 @@ def test_fedavg_global_model_is_sample_weighted_mean_of_uploads():
         add = agg.add
 
         def record(site, upload):
-            captured[site] = Payload({k: v.clone() for k, v in upload.tensors.items()})
-            captured[site].num_examples = upload.num_examples
+            tensors = {k: v.clone() for k, v in upload.tensors.items()}
+            captured[site] = Payload(tensors, num_examples=upload.num_examples)
             add(site, upload)
 
         agg.add = record
