@@ -10,7 +10,15 @@ import torch
 from flower_helpers import assert_same_metrics, direct_link, make_config
 
 from fedseg.engine.flower.link import run_federation
-from fedseg.engine.flower.records import ARRAYS, PayloadCache, content, read_meta, read_payload
+from fedseg.engine.flower.records import (
+    ARRAYS,
+    DIGEST,
+    PayloadCache,
+    content,
+    pack_with_digest,
+    read_meta,
+    read_payload,
+)
 from fedseg.engine.flower.site import LOADED
 from fedseg.engine.runner import InProcessRunner
 from fedseg.errors import ConfigError, FedsegError
@@ -281,3 +289,35 @@ def test_each_site_learns_only_its_own_entry_of_the_federation(federation: Path,
     assert a[0].name == "A" and a[0].num_train > 0 and a[0].annotation != "unknown"
     assert (a[1].name, a[1].num_train, a[1].annotation, a[1].sparsity) == ("#1", 0, "unknown", None)
     assert b[0].name == "#0" and b[1].name == "B"
+
+
+def test_a_payload_shared_by_the_sites_is_packed_once_per_message_round(
+    federation: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """FedAvg sends one global model to both sites: it is packed and hashed once per train
+    or evaluate exchange, not once per site, and each site's body carries the same digest."""
+    import fedseg.engine.flower.link as link_module
+
+    cfg = make_config(federation, "fedavg")
+    link, st = direct_link(cfg, federation, tmp_path)
+    packs = []
+
+    def counted(tensors, digest=True):  # type: ignore[no-untyped-def]
+        packs.append(digest)
+        return pack_with_digest(tensors, digest)
+
+    monkeypatch.setattr(link_module, "pack_with_digest", counted)
+    call, digests = link._call, []
+
+    def record(kind: str, site: str, body):  # type: ignore[no-untyped-def]
+        if kind in ("train", "evaluate"):
+            digests.append((kind, site, read_meta(body).get(DIGEST)))
+        return call(kind, site, body)
+
+    link._call = record  # type: ignore[method-assign]
+    run_federation(cfg, st, link)
+    assert len(packs) == 4 and all(packs)  # 2 rounds x (train + evaluate), not x 2 sites
+    assert len(digests) == 8
+    for i in range(0, len(digests), 2):
+        (_, a, da), (_, b, db) = digests[i], digests[i + 1]
+        assert (a, b) == ("A", "B") and da == db and len(da) == 64

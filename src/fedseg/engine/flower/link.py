@@ -21,7 +21,9 @@ from fedseg.engine.flower.records import (
     META,
     RESEND,
     TRAIN_METRICS,
+    Packed,
     content,
+    pack_with_digest,
     read_eval,
     read_meta,
     read_metrics,
@@ -107,7 +109,13 @@ class FlowerLink:
         self.views = {s: spec_to_json(site_view(method.spec, s)) for s in method.spec.site_names}
 
     def _body(
-        self, site: str, r: int, payload: Payload, split: str = "test", held: str | None = None
+        self,
+        site: str,
+        r: int,
+        payload: Payload,
+        split: str = "test",
+        held: str | None = None,
+        packed: Packed | None = None,
     ) -> RecordDict:
         meta = {
             "run-uid": self.run_uid,
@@ -117,7 +125,7 @@ class FlowerLink:
             "keep": self.cfg.engine.checkpoint_every + 1,
             "split": split,
         }
-        return content(meta, payload=payload, held=held)
+        return content(meta, payload=payload, held=held, packed=packed)
 
     def _check(self, site: str, r: int, body: RecordDict) -> dict[str, Any]:
         meta = read_meta(body)
@@ -133,8 +141,12 @@ class FlowerLink:
         """Replies of the sites to ``payloads``; a payload a site holds (``self.held``) goes
         by digest, and again in full to a site that asks for it (it restarted)."""
         reuse = self.settings.reuse_payloads
+        packed: dict[int, Packed] = {}
+        for p in payloads.values():
+            if id(p) not in packed:  # a payload shared by sites is packed (and hashed) once
+                packed[id(p)] = pack_with_digest(p.tensors, reuse)
         bodies = {
-            s: self._body(s, r, p, split, self.held.pop(s, "") if reuse else None)
+            s: self._body(s, r, p, split, self.held.pop(s, "") if reuse else None, packed[id(p)])
             for s, p in payloads.items()
         }
         self._sent = {s: str(b[META].get(DIGEST, "")) for s, b in bodies.items()}
@@ -142,7 +154,9 @@ class FlowerLink:
         again = [s for s, reply in replies.items() if _asks_again(reply)]
         if again:
             log.info("sending the payload again to %s (they do not hold it)", again)
-            bodies = {s: self._body(s, r, payloads[s], split, "") for s in again}
+            bodies = {
+                s: self._body(s, r, payloads[s], split, "", packed[id(payloads[s])]) for s in again
+            }
             replies |= self.transport.exchange(kind, bodies, self.settings.round_timeout)
         return replies
 

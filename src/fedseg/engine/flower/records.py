@@ -50,12 +50,14 @@ __all__ = [
     "PACKED",
     "RESEND",
     "TRAIN_METRICS",
+    "Packed",
     "PayloadCache",
     "PayloadNotHeld",
     "content",
     "eval_record",
     "metric_record",
     "pack",
+    "pack_with_digest",
     "read_eval",
     "read_meta",
     "read_metrics",
@@ -134,6 +136,16 @@ def unpack(array: Array, layout: str) -> dict[str, torch.Tensor]:
     return out
 
 
+Packed = tuple[Array, str, str]
+"""A packed payload: the array, its layout and its digest ("" when not computed)."""
+
+
+def pack_with_digest(tensors: Mapping[str, torch.Tensor], digest: bool = True) -> Packed:
+    """:func:`pack` plus, with ``digest``, the SHA-256 of the packed bytes."""
+    array, layout = pack(tensors)
+    return array, layout, hashlib.sha256(array.data).hexdigest() if digest else ""
+
+
 class PayloadNotHeld(UploadError):
     """A message names a payload by a digest the receiver does not hold."""
 
@@ -169,18 +181,20 @@ def content(
     evaluation: MetricRecord | None = None,
     *,
     held: str | None = None,
+    packed: Packed | None = None,
 ) -> RecordDict:
     """A message body: the envelope plus whatever the message carries. With ``held`` (the
     digest of the payload the receiver holds, "" for none) the payload carries its digest
-    and its tensors only if it is not the one held."""
+    and its tensors only if it is not the one held. ``packed`` is the payload already packed
+    with its digest ("" when ``held`` is None; :func:`pack_with_digest`), so that one payload
+    sent to several sites is packed and hashed once."""
     records: dict[str, Any] = {META: ConfigRecord(dict(meta))}
     if payload is not None:
-        packed, layout = pack(payload.tensors)
-        digest = None if held is None else hashlib.sha256(packed.data).hexdigest()
-        if digest is None or digest != held:
-            records[ARRAYS] = ArrayRecord({PACKED: packed})
+        array, layout, digest = packed or pack_with_digest(payload.tensors, held is not None)
+        if held is None or digest != held:
+            records[ARRAYS] = ArrayRecord({PACKED: array})
             records[META][LAYOUT] = layout
-        if digest is not None:
+        if held is not None:
             records[META][DIGEST] = digest
         records[METRICS] = metric_record(payload.metrics)
         records[META]["num-examples"] = int(payload.num_examples)
