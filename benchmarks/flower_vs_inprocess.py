@@ -1,22 +1,23 @@
 """Flower on loopback against the in-process engine: start-up, and wall and CPU time per round.
 
 Usage: python benchmarks/flower_vs_inprocess.py [--size 64] [--sites 2] [--rounds 3]
-       [--local-iters 10] [--batch 8] [--per-site 24] [--method fedavg] [--keep DIR]
+       [--local-iters 10] [--batch 8] [--per-site 24] [--method fedavg] [--workers 1]
+       [--eval-every N] [--keep DIR]
 
 Both engines run the same config (synthetic fundus federation, weak labels, CPU) with one
 torch thread per training process (results then are bit-identical; torch's thread count
 changes the floating-point summation order): in-process one process trains the sites one
-after another; Flower (``fedseg flower local``'s launcher) is a SuperLink and one site
-process per site (fedseg's long-lived ClientApp process with its SuperNode in process
-isolation mode), whose sites train at the same time when cores are free. A round's wall
-time is what the server's round loop measures (``rounds.jsonl``: payloads out, replies
-back, server step). CPU time per round: in-process the process's CPU time; Flower the CPU
-time of every process the launcher started and their descendants (SuperLink, ServerApp,
-SuperNodes, site processes), sampled from /proc (Linux) whenever a round ends. Rounds after
-the first are "steady" (the first also loads the sites' model and data). Start-up is the
-rest of the run before round 1 (processes, imports, joining); the final evaluation is
-reported separately. The per-site results of both engines must be identical, otherwise the
-script fails.
+after another (``--workers 2``: two worker processes train them at the same time); Flower
+(``fedseg flower local``'s launcher) is a SuperLink and one site process per site (fedseg's
+long-lived ClientApp process with its SuperNode in process isolation mode), whose sites
+train at the same time when cores are free. A round's wall time is what the server's round
+loop measures (``rounds.jsonl``: payloads out, replies back, server step). CPU time per
+round: in-process the CPU time of the process and its workers; Flower the CPU time of every
+process the launcher started and their descendants (SuperLink, ServerApp, SuperNodes, site
+processes), sampled from /proc (Linux) whenever a round ends. Rounds after the first are
+"steady" (the first also loads the sites' model and data). Start-up is the rest of the run
+before round 1 (processes, imports, joining); the final evaluation is reported separately.
+The per-site results of both engines must be identical, otherwise the script fails.
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ def config(root: Path, args: argparse.Namespace, names: list[str]) -> RunConfig:
                 "batch_size": 32,
                 **({} if args.eval_every is None else {"every": args.eval_every}),
             },
-            "engine": {"device": "cpu", "threads": 1},
+            "engine": {"device": "cpu", "threads": 1, "workers": args.workers},
         }
     )
 
@@ -127,7 +128,11 @@ def summary(total: float, rounds: list[dict[str, Any]], cpu: list[float], ev: fl
 def in_process(cfg: RunConfig, run_dir: Path) -> tuple[dict, dict]:
     samples: list[float] = []
     t0 = time.perf_counter()
-    res = InProcessRunner(cfg, run_dir).run(on_round=lambda _: samples.append(time.process_time()))
+
+    def cpu_now(_: object) -> None:  # this process and its worker processes (--workers)
+        samples.append(time.process_time() + sum(tree_cpu(set()).values()))
+
+    res = InProcessRunner(cfg, run_dir).run(on_round=cpu_now)
     total = time.perf_counter() - t0
     rounds = [json.loads(x) for x in (run_dir / "rounds.jsonl").read_text().splitlines()]
     cpu = [0.0] + [b - a for a, b in itertools.pairwise(samples)]
@@ -186,6 +191,12 @@ def main() -> None:
         default=None,
         help="Periodic evaluation every N rounds (0: none; default: fedseg's, every round here)",
     )
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="In-process worker processes (2: sites in parallel, like Flower's site processes)",
+    )
     ap.add_argument("--keep", type=Path, default=None, help="Keep the runs in this folder.")
     args = ap.parse_args()
     if args.rounds < 2:
@@ -203,7 +214,8 @@ def main() -> None:
         raise SystemExit("per-site results differ between the engines")
     print(
         f"{args.method}, {args.sites} sites x {args.rounds} rounds, {args.size} px, "
-        f"{args.local_iters} local iterations of batch {args.batch}; torch {torch.__version__}, "
+        f"{args.local_iters} local iterations of batch {args.batch}, in-process workers "
+        f"{args.workers}; torch {torch.__version__}, "
         f"{os.cpu_count()} CPUs ({platform.machine()}), load average {os.getloadavg()[0]:.1f}"
     )
     print("| | in-process | Flower (loopback) | ratio |\n|---|---:|---:|---:|")
