@@ -73,6 +73,43 @@ def test_similarity_aggregated_rows_are_normalised_affinities(include_self):
     torch.testing.assert_close(mix, expect / expect.sum(1, keepdim=True))
 
 
+def _own_slots(uploads, spec):
+    """The DDP with slot i taken from site i's upload."""
+    return torch.stack([uploads[s.name].tensors["tdf.ddp"][s.index] for s in spec.sites])
+
+
+@pytest.mark.parametrize("prompts", ["uploaded", "aggregated"])
+def test_affinity_compares_the_uploaded_or_the_aggregated_ddp_slots(prompts):
+    spec, _ = toy_federation(3, size=32)
+    method = _method(spec, affinity_prompts=prompts)
+    uploads = _uploads(method, method.build_model(), spec.site_names)
+    out = _server(method, uploads)
+    glob = weighted_average(uploads)
+    ddp = _own_slots(uploads, spec) if prompts == "uploaded" else glob["tdf.ddp"]
+    aff = prompt_affinity(ddp, glob["tdf.ukp"])  # one UKP, the averaged one (Eq. 7)
+    torch.testing.assert_close(torch.tensor(out.metrics["affinity"]), aff)
+    other = prompt_affinity(
+        glob["tdf.ddp"] if prompts == "uploaded" else _own_slots(uploads, spec), glob["tdf.ukp"]
+    )
+    assert not torch.allclose(aff, other)
+
+
+@pytest.mark.parametrize("rule", ["fedavg", "owner"])
+def test_ddp_slot_of_a_site_is_averaged_or_taken_from_its_owner(rule):
+    spec, _ = toy_federation(3, size=32)
+    method = _method(spec, ddp_aggregation=rule)
+    uploads = _uploads(method, method.build_model(), spec.site_names)
+    del uploads["site2"]  # a site that did not upload keeps the averaged (unchanged) slot
+    glob = weighted_average(uploads)
+    sent = _server(method, uploads).payloads["site0"].tensors["tdf.ddp"]
+    if rule == "fedavg":
+        torch.testing.assert_close(sent, glob["tdf.ddp"])
+    else:
+        for s in spec.sites[:2]:
+            torch.testing.assert_close(sent[s.index], uploads[s.name].tensors["tdf.ddp"][s.index])
+    torch.testing.assert_close(sent[2], glob["tdf.ddp"][2])
+
+
 def test_server_averages_globals_and_builds_aux_from_main_decoders():
     spec, _ = toy_federation(3, size=32)
     method = _method(spec)
@@ -80,7 +117,7 @@ def test_server_averages_globals_and_builds_aux_from_main_decoders():
     uploads = _uploads(method, model, spec.site_names)
     out = _server(method, uploads)
     glob = weighted_average(uploads)
-    aff = prompt_affinity(glob["tdf.ddp"], glob["tdf.ukp"])
+    aff = prompt_affinity(_own_slots(uploads, spec), glob["tdf.ukp"])
     torch.testing.assert_close(torch.tensor(out.metrics["affinity"]), aff)
     mix = torch.tensor(out.metrics["aux_weights"])
     torch.testing.assert_close(mix, aff / aff.sum(1, keepdim=True))

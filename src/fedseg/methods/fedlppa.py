@@ -64,6 +64,14 @@ class FedLPPAConfig(MethodConfig):
     """Feature enhancement after the fusion convs: none, channel, spatial or dual (Eq. 5)."""
     aux_strategy: AuxStrategy = "similarity_aggregated"
     """How the server builds a site's auxiliary decoder from the uploaded main decoders."""
+    affinity_prompts: Literal["uploaded", "aggregated"] = "uploaded"
+    """DDP slots Eq. 7 compares: ``uploaded``, each site's own slot as the site uploaded it
+    (Sec. III-C: the server extracts the DDPs from the clients' local prompts), with the
+    averaged UKP; ``aggregated``, the slots after aggregation (the authors' code)."""
+    ddp_aggregation: Literal["fedavg", "owner"] = "fedavg"
+    """Slot i of the aggregated DDP: ``fedavg``, the sample-weighted average of every upload
+    (Eq. 2; only site i trains slot i, so its update is scaled by n_i / n); ``owner``, site
+    i's uploaded slot (the average over the sites that trained it)."""
     aux_include_self: bool = True
     """similarity_aggregated: include a_ii = 1 (Eq. 9 sums over all j)."""
     lam: float = Field(0.5, ge=0)
@@ -340,6 +348,17 @@ class FedLPPA(Method):
             ddp.copy_(payload.tensors["tdf.ddp"])
             ddp[own] = mine
 
+    @staticmethod
+    def _own_ddp_slots(
+        uploads: Mapping[str, Payload], averaged: torch.Tensor, spec: FederationSpec
+    ) -> torch.Tensor:
+        """The DDP with slot i as site i uploaded it (the average where site i did not)."""
+        ddp = averaged.clone()
+        for site in spec.sites:
+            if site.name in uploads:
+                ddp[site.index] = uploads[site.name].tensors["tdf.ddp"][site.index]
+        return ddp
+
     def server_step(
         self, uploads: Mapping[str, Payload], state: State, ctx: ServerContext
     ) -> ServerResult:
@@ -348,8 +367,12 @@ class FedLPPA(Method):
         metrics: dict[str, Any] = {}
         aff = None
         if self.cfg.tdf:
+            own = self._own_ddp_slots(uploads, glob["tdf.ddp"], ctx.spec)
+            if self.cfg.ddp_aggregation == "owner":
+                glob["tdf.ddp"] = own
+            ddp = own if self.cfg.affinity_prompts == "uploaded" else glob["tdf.ddp"]
             slots = [s.index for s in ctx.spec.sites]  # DDP slot of each site, in site order
-            aff = prompt_affinity(glob["tdf.ddp"], glob.get("tdf.ukp"))[slots][:, slots]
+            aff = prompt_affinity(ddp, glob.get("tdf.ukp"))[slots][:, slots]
             metrics |= {"affinity": aff.tolist(), "affinity_sites": names}
             first, last = state.get("affinity_first", aff), state.get("affinity_last", aff)
             metrics |= {
