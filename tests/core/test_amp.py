@@ -15,7 +15,7 @@ from fedseg.methods.training import autocast, current_precision, precision
 from fedseg.models.unet import UNet
 
 
-def _config(tmp_path, **engine):
+def _config(tmp_path, method: dict | None = None, **engine):
     return parse_config(
         {
             "name": "amp",
@@ -23,6 +23,7 @@ def _config(tmp_path, **engine):
                 "root": str(tmp_path / "data"),
                 "synth": {"task": "fundus", "sites": 2, "size": 32, "per_site": 8},
             },
+            "method": method or {"name": "fedavg"},
             "model": {"widths": [8, 16, 32], "dropout": [0, 0, 0]},
             "train": {"rounds": 1, "local_iters": 2, "batch_size": 2},
             "engine": {"device": "cpu", **engine},
@@ -30,13 +31,15 @@ def _config(tmp_path, **engine):
     )
 
 
-def _run(tmp_path, name: str, **setting) -> dict[tuple[str, ...], float]:
+def _run(
+    tmp_path, name: str, method: dict | None = None, **setting
+) -> dict[tuple[str, ...], float]:
     """Every site's training loss and test metric of a 1-round federation whose config sets
     ``engine`` to ``setting`` (the engine enters the precision block in each site worker)."""
     rounds: list[dict] = []
-    cfg = _config(tmp_path, **setting)
+    cfg = _config(tmp_path, method, **setting)
     res = InProcessRunner(cfg, tmp_path / name).run(on_round=rounds.append)
-    out = {("loss", s): float(m["loss"]) for s, m in rounds[-1]["clients"].items()}
+    out = {("loss", s): float(m["loss"]) for s, m in rounds[-1]["clients"].items() if "loss" in m}
     for s, ms in res["sites"].items():
         out |= {(s, m, r): v for m, rs in ms.items() for r, v in rs.items()}
     return out
@@ -82,3 +85,35 @@ def test_channels_last_gives_the_same_results(tmp_path):
     assert full.keys() == last.keys()
     for k, v in full.items():
         assert last[k] == pytest.approx(v, abs=1e-3), k
+
+
+def test_harmofl_trains_under_bf16_and_refuses_fp16_naming_why(tmp_path):
+    harmofl = {"name": "harmofl"}
+    full, half = _run(tmp_path, "fp32", harmofl), _run(tmp_path, "bf16", harmofl, amp="bf16")
+    for site in ("A", "B"):  # its own loop (weight-perturbed steps) ran the forwards in bf16
+        assert half["loss", site] != full["loss", site]
+        assert half["loss", site] == pytest.approx(full["loss", site], rel=0.05)
+    last = _run(tmp_path, "cl", harmofl, channels_last=True)
+    assert all(last[k] == pytest.approx(v, abs=1e-3) for k, v in full.items())
+    with pytest.raises(ConfigError, match=r"engine\.amp.*harmofl.*bf16"):
+        _run(tmp_path, "fp16", harmofl, amp="fp16")
+
+
+def test_iopfl_test_time_adaptation_runs_under_the_engine_precision(tmp_path, monkeypatch):
+    import fedseg.methods.iopfl as iopfl
+
+    seen: list[bool] = []
+    loss = iopfl.adaptation_loss
+
+    def recorded(*args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(torch.is_autocast_enabled("cpu"))
+        return loss(*args, **kwargs)
+
+    monkeypatch.setattr(iopfl, "adaptation_loss", recorded)
+    method = {"name": "iopfl", "unseen": ["B"], "tta_epochs": 1}
+    half = _run(tmp_path, "bf16", method, amp="bf16")
+    assert seen and all(seen)  # the unseen site B adapted its routers under bf16 autocast
+    assert all(torch.isfinite(torch.tensor(v)) for v in half.values())
+    seen.clear()
+    _run(tmp_path, "fp32", method)
+    assert seen and not any(seen)

@@ -153,3 +153,25 @@ def test_adam_update_steps_every_weight_by_eta_in_the_gradient_sign_direction():
     assert moved.max() <= 4 * 0.011 and moved.min() > 0  # Adam steps are about eta
     with pytest.raises(ConfigError, match="sgd or adam"):
         train_weights(_model(2), prev, glob, w0, _batches(), _mse, update="rmsprop")
+
+
+def test_weight_steps_run_under_the_engine_precision():
+    """The loss of every weight step is computed under the current precision's autocast
+    (``engine.amp``): under bf16 the weights move differently, but close to float32's."""
+    from fedseg.methods.training import precision
+
+    prev, glob = _states()
+    w = init_weights(glob, last_parameters(_model(0), 2))
+    enabled = []
+
+    def loss(model, x, y):  # type: ignore[no-untyped-def]
+        enabled.append(torch.is_autocast_enabled("cpu"))
+        return _mse(model, x, y)
+
+    full = train_weights(_model(3), prev, glob, w, _batches(), loss, eta=0.5, steps=3)
+    with precision("bf16"):
+        half = train_weights(_model(3), prev, glob, w, _batches(), loss, eta=0.5, steps=3)
+    assert enabled == [False] * 3 + [True] * 3
+    for k in w:
+        assert not torch.equal(half.weights[k], full.weights[k])
+        torch.testing.assert_close(half.weights[k], full.weights[k], atol=0.1, rtol=0)

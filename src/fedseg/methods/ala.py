@@ -66,6 +66,7 @@ import torch
 from torch import nn
 
 from fedseg.errors import ConfigError
+from fedseg.methods.training import autocast, channels_last_model, memory_format
 
 __all__ = [
     "LAResult",
@@ -184,25 +185,27 @@ def train_weights(
         else {}
     )
     n = 0
-    while n < budget:
-        images, labels = next(batches)
-        loss = loss_fn(model, images, labels)
-        grads = torch.autograd.grad(loss, chosen, allow_unused=True)
-        n += 1
-        with torch.no_grad():
-            for k, p, g in zip(keys, chosen, grads, strict=True):
-                if g is not None:
-                    grad_w = g.float() * diff[k]
-                    if update == "adam":
-                        grad_w = _adam_direction(grad_w, *moments[k], n)
-                    w[k] = (w[k] - eta * grad_w).clamp_(0.0, 1.0)
-                p.copy_((base[k] + diff[k] * w[k]).to(p.dtype))
-        losses.append(float(loss.detach()))
-        if settle and n % pass_steps == 0:
-            pass_losses.append(losses[-1])
-            if _settled(pass_losses, window, tol):
-                settled = True
-                break
+    with channels_last_model(model):
+        while n < budget:
+            images, labels = next(batches)
+            with autocast(dev):  # the engine's precision; no gradient scaler (fp16)
+                loss = loss_fn(model, memory_format(images), labels)
+            grads = torch.autograd.grad(loss, chosen, allow_unused=True)
+            n += 1
+            with torch.no_grad():
+                for k, p, g in zip(keys, chosen, grads, strict=True):
+                    if g is not None:
+                        grad_w = g.float() * diff[k]
+                        if update == "adam":
+                            grad_w = _adam_direction(grad_w, *moments[k], n)
+                        w[k] = (w[k] - eta * grad_w).clamp_(0.0, 1.0)
+                    p.copy_((base[k] + diff[k] * w[k]).to(p.dtype))
+            losses.append(float(loss.detach()))
+            if settle and n % pass_steps == 0:
+                pass_losses.append(losses[-1])
+                if _settled(pass_losses, window, tol):
+                    settled = True
+                    break
     with torch.no_grad():
         for k, b in model.named_buffers():
             b.copy_(buffers[k])

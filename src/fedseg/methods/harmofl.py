@@ -34,9 +34,13 @@ from fedseg.methods.clustered_prototypes import Weighting, aggregation_weights
 from fedseg.methods.registry import register_method
 from fedseg.methods.training import (
     add_auxiliary,
+    autocast,
     auxiliary_metrics,
     auxiliary_modules,
+    channels_last_model,
+    current_precision,
     make_optimizer,
+    memory_format,
     restore_optimizer_state,
     save_optimizer_state,
     segmentation_loss,
@@ -207,7 +211,15 @@ class HarmoFL(Method):
 
     def train_round(self, ctx: ClientContext) -> dict[str, float]:
         """Local steps on normalised images (the spectrum updated once per batch while
-        ``round < amp_rounds``) with :func:`perturbed_step`."""
+        ``round < amp_rounds``) with :func:`perturbed_step`; the network's forwards run under
+        the engine's precision (``bf16`` autocast, channels-last), the amplitude
+        normalisation in float32."""
+        if current_precision().amp == "fp16":
+            raise ConfigError(
+                "engine.amp: 'fp16' is not supported by harmofl: its weight-perturbed step "
+                "takes two gradients per step, which CUDA's fp16 gradient scaler cannot "
+                "unscale; use 'bf16' or 'off'"
+            )
         model = ctx.model
         amp = model.amp_norm if isinstance(model, AmpNormNet) else None
         net = model.net if isinstance(model, AmpNormNet) else model
@@ -218,14 +230,16 @@ class HarmoFL(Method):
         if amp is not None:
             amp.collect = ctx.round < self.config.amp_rounds
         n, total = ctx.steps(), 0.0
-        for _ in range(n):
-            images, labels = next(ctx.batches)
-            x = images if amp is None else amp(images)
+        with channels_last_model(net):
+            for _ in range(n):
+                images, labels = next(ctx.batches)
+                x = memory_format(images if amp is None else amp(images))
 
-            def loss_of(x: torch.Tensor = x, y: torch.Tensor = labels) -> torch.Tensor:
-                return add_auxiliary(loss_fn(net(x), y), aux)
+                def loss_of(x: torch.Tensor = x, y: torch.Tensor = labels) -> torch.Tensor:
+                    with autocast(ctx.device):
+                        return add_auxiliary(loss_fn(net(x), y), aux)
 
-            total += perturbed_step(opt, loss_of, self.config.alpha)
+                total += perturbed_step(opt, loss_of, self.config.alpha)
         if amp is not None:
             amp.collect = False
         save_optimizer_state(opt, net, ctx)

@@ -29,6 +29,13 @@ from fedseg.methods.base import (
 from fedseg.methods.fedavg import FedAvg
 from fedseg.methods.feddp import per_site
 from fedseg.methods.registry import register_method
+from fedseg.methods.training import (
+    autocast,
+    backward_step,
+    channels_last_model,
+    grad_scaler,
+    memory_format,
+)
 from fedseg.models.registry import ModelConfig
 
 __all__ = [
@@ -317,19 +324,20 @@ class IOPFL(FedAvg):
         for p in params:
             p.requires_grad_(True)
         opt = torch.optim.Adam(params, lr=cfg.tta_lr)
+        scaler = grad_scaler(ctx.device)
         routed.train()
-        for _ in range(cfg.tta_epochs):
-            for images, _labels in ctx.ordered_batches():
-                loss = adaptation_loss(
-                    routed,
-                    images,
-                    ctx.generator,
-                    noise_std=cfg.noise_std,
-                    entropy_weight=cfg.entropy_weight,
-                    consistency_weight=cfg.consistency_weight,
-                )
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
+        with channels_last_model(routed):
+            for _ in range(cfg.tta_epochs):
+                for images, _labels in ctx.ordered_batches():
+                    with autocast(ctx.device):
+                        loss = adaptation_loss(
+                            routed,
+                            memory_format(images),
+                            ctx.generator,
+                            noise_std=cfg.noise_std,
+                            entropy_weight=cfg.entropy_weight,
+                            consistency_weight=cfg.consistency_weight,
+                        )
+                    backward_step(opt, loss, scaler)
         routed.requires_grad_(False)
         return routed

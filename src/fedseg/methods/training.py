@@ -23,8 +23,10 @@ __all__ = [
     "autocast",
     "auxiliary_metrics",
     "auxiliary_modules",
+    "backward_step",
     "channels_last_model",
     "current_precision",
+    "grad_scaler",
     "make_optimizer",
     "memory_format",
     "precision",
@@ -110,6 +112,26 @@ def channels_last_model(model: nn.Module) -> Iterator[nn.Module]:
         yield model
     finally:
         model.to(memory_format=torch.contiguous_format)
+
+
+def grad_scaler(device: torch.device) -> torch.amp.GradScaler | None:
+    """CUDA's gradient scaler when the current precision is ``fp16`` (None otherwise)."""
+    fp16 = current_precision().amp == "fp16" and device.type == "cuda"
+    return torch.amp.GradScaler("cuda") if fp16 else None
+
+
+def backward_step(
+    opt: torch.optim.Optimizer, loss: torch.Tensor, scaler: torch.amp.GradScaler | None
+) -> None:
+    """Zero the gradients, back-propagate ``loss`` and step ``opt`` (through ``scaler``)."""
+    opt.zero_grad(set_to_none=True)
+    if scaler is None:
+        loss.backward()
+        opt.step()
+    else:
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
 
 
 @runtime_checkable
@@ -235,8 +257,7 @@ def train_steps(
     aux = auxiliary_modules(model)
     model.train()
     n = ctx.steps() if iters is None else iters
-    fp16 = current_precision().amp == "fp16" and ctx.device.type == "cuda"
-    scaler = torch.amp.GradScaler("cuda") if fp16 else None  # fp16 elsewhere: autocast refuses
+    scaler = grad_scaler(ctx.device)  # fp16 off CUDA: autocast refuses
     total = 0.0
     with channels_last_model(model):
         for _ in range(n):
@@ -245,14 +266,7 @@ def train_steps(
                 loss = add_auxiliary(loss_fn(model(memory_format(images)), labels), aux)
                 if regularizer is not None:
                     loss = loss + regularizer()
-            opt.zero_grad(set_to_none=True)
-            if scaler is None:
-                loss.backward()
-                opt.step()
-            else:
-                scaler.scale(loss).backward()
-                scaler.step(opt)
-                scaler.update()
+            backward_step(opt, loss, scaler)
             total += float(loss.detach())
     save_optimizer_state(opt, _owner(model), ctx)
     return {"loss": total / max(n, 1)} | auxiliary_metrics(aux)
