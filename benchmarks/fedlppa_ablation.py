@@ -1,6 +1,7 @@
 """FedLPPA's ablations (Table VII, Table VIII, Fig. 9, Fig. 8) at one stated CPU budget.
 
     OMP_NUM_THREADS=1 python benchmarks/fedlppa_ablation.py [--group table7 ...] [--seed 0]
+        [--set KEY=VALUE ...] [--out DIR]
 
 Every row is a shipped config (``configs/fedlppa/{table7,table8,fig9,fig8}_*.yaml``: the
 synthetic 5-site FAZ federation, 64 px, weak labels by the current rules) run with
@@ -331,6 +332,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/fedlppa-ablation"))
     parser.add_argument("--group", action="append", choices=GROUPS, help="default: all")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra override of every row (e.g. method.affinity_prompts=aggregated)",
+    )
     parser.add_argument("--render", action="store_true", help="only render finished rows")
     parser.add_argument("--summary", help="only summarise these seeds' runs, e.g. 0,1")
     args = parser.parse_args()
@@ -340,7 +348,7 @@ def main() -> None:
         print(summary(args.out.resolve(), seeds, chosen))
         return
     root = args.out.resolve() / f"seed{args.seed}"
-    sets = overrides(root, args.seed)
+    sets = overrides(root, args.seed) + args.set
     rendered = []
     for group, title, rows in plan(root, sets):
         if group not in chosen:
