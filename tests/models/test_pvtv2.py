@@ -47,6 +47,23 @@ def test_every_parameter_gets_a_gradient():
         assert p.grad.abs().sum() > 0, n
 
 
+def test_fpn_runs_its_encoder_through_the_encode_hook():
+    """Like the UNet, ``encode`` is where a subclass transforms the encoder features."""
+
+    class Halved(PVTv2FPN):
+        def encode(self, x: torch.Tensor) -> list[torch.Tensor]:
+            return [f * 0.5 for f in super().encode(x)]
+
+    torch.manual_seed(0)
+    plain = PVTv2FPN(1, 2).eval()
+    halved = Halved(1, 2).eval()
+    halved.load_state_dict(plain.state_dict())
+    x = torch.randn(1, 1, 64, 64)
+    out, ref = halved.forward_features(x), plain.forward_features(x)
+    torch.testing.assert_close(out.features["enc1"], 0.5 * ref.features["enc1"])
+    assert not torch.allclose(halved(x), plain(x))
+
+
 def _timm_named(enc: PVTv2) -> dict[str, torch.Tensor]:
     """A synthetic timm ``pvt_v2_b0`` checkpoint: timm's names, random values, 1000-class head."""
     g = torch.Generator().manual_seed(1)

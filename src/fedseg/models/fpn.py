@@ -201,9 +201,14 @@ class PVTv2FPN(nn.Module):
             else nn.ModuleList()
         )
 
+    def encode(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """The encoder features ``enc1`` ... ``enc4``; the hook :class:`~fedseg.models.unet.UNet`
+        offers too (a subclass may transform them before the decoder)."""
+        return self.encoder(x)
+
     def forward_features(self, x: torch.Tensor) -> SegOutput:
         """Run the network and keep every encoder, pyramid and merged feature."""
-        enc = self.encoder(x)
+        enc = self.encode(x)
         levels = self.decoder.fpn.pyramid(enc, self.paa)
         merged = self.decoder.fpn.merge(levels)
         logits = F.interpolate(
