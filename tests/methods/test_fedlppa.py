@@ -336,3 +336,29 @@ def test_la_statistics_local_share():
     assert stats["la_aux_local_share"] == 0.0  # nothing of its own to keep
     w["decoder.a"] = torch.zeros(2)
     assert la_statistics(prev, glob, w)["la_main_local_share"] == pytest.approx(1.0)
+
+
+def test_server_keeps_of_each_upload_only_its_ddp_slot_and_main_decoder():
+    """Uploads are reduced on arrival (as FedAvg's): while a site trains, at most the
+    previous site's whole upload is alive; the server kept copies of what Eqs. 7-9 need."""
+    import gc
+    import weakref
+
+    spec, sites = toy_federation(4, size=32)
+    sim = Simulation(_method(spec), sites, FAST, seed=0)
+    refs: list[weakref.ref] = []
+    alive_at_start: list[int] = []
+    for worker in sim.link.workers.values():
+
+        def train(r, payload, _orig=worker.train):  # type: ignore[no-untyped-def]
+            gc.collect()
+            alive_at_start.append(sum(ref() is not None for ref in refs))
+            res, start = _orig(r, payload)
+            refs.append(weakref.ref(res.upload.tensors["encoder.blocks.0.0.weight"]))
+            refs.append(weakref.ref(res.upload.tensors["decoder.head.weight"]))
+            return res, start
+
+        worker.train = train
+    record = sim.round(0)
+    assert alive_at_start == [0, 2, 2, 2]
+    assert len(record["server"]["aux_weights"]) == 4

@@ -20,9 +20,10 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from fedseg.errors import ConfigError
-from fedseg.methods.aggregate import average_state, sample_weights, weighted_average
+from fedseg.methods.aggregate import RunningAverage, average_state
 from fedseg.methods.ala import init_weights, merge, train_weights
 from fedseg.methods.base import (
+    Aggregator,
     ClientContext,
     ClientResult,
     FederationSpec,
@@ -350,29 +351,48 @@ class FedLPPA(Method):
 
     @staticmethod
     def _own_ddp_slots(
-        uploads: Mapping[str, Payload], averaged: torch.Tensor, spec: FederationSpec
+        slots: Mapping[str, torch.Tensor], averaged: torch.Tensor, spec: FederationSpec
     ) -> torch.Tensor:
         """The DDP with slot i as site i uploaded it (the average where site i did not)."""
         ddp = averaged.clone()
         for site in spec.sites:
-            if site.name in uploads:
-                ddp[site.index] = uploads[site.name].tensors["tdf.ddp"][site.index]
+            if site.name in slots:
+                ddp[site.index] = slots[site.name]
         return ddp
+
+    def aggregator(self, state: State, ctx: ServerContext) -> Aggregator:
+        """A running sample-weighted average of the uploads; of each upload only the site's
+        own DDP slot and (with PD) its main decoder are kept until the round closes."""
+        return _RoundAggregate(self, state, ctx)
 
     def server_step(
         self, uploads: Mapping[str, Payload], state: State, ctx: ServerContext
     ) -> ServerResult:
-        glob = weighted_average(uploads, sample_weights(uploads))
+        agg = self.aggregator(state, ctx)
+        for site, upload in uploads.items():
+            agg.add(site, upload)
+        return agg.finish()
+
+    def close_round(
+        self,
+        glob: dict[str, torch.Tensor],
+        decoders: Mapping[str, Mapping[str, torch.Tensor]],
+        slots: Mapping[str, torch.Tensor],
+        state: State,
+        ctx: ServerContext,
+    ) -> ServerResult:
+        """Eqs. 2 and 7-9 from the averaged uploads ``glob``, the uploaders' own DDP
+        ``slots`` and their main ``decoders``."""
         names = ctx.spec.site_names
         metrics: dict[str, Any] = {}
         aff = None
         if self.cfg.tdf:
-            own = self._own_ddp_slots(uploads, glob["tdf.ddp"], ctx.spec)
+            own = self._own_ddp_slots(slots, glob["tdf.ddp"], ctx.spec)
             if self.cfg.ddp_aggregation == "owner":
                 glob["tdf.ddp"] = own
             ddp = own if self.cfg.affinity_prompts == "uploaded" else glob["tdf.ddp"]
-            slots = [s.index for s in ctx.spec.sites]  # DDP slot of each site, in site order
-            aff = prompt_affinity(ddp, glob.get("tdf.ukp"))[slots][:, slots]
+            order = [s.index for s in ctx.spec.sites]  # DDP slot of each site, in site order
+            aff = prompt_affinity(ddp, glob.get("tdf.ukp"))[order][:, order]
             metrics |= {"affinity": aff.tolist(), "affinity_sites": names}
             first, last = state.get("affinity_first", aff), state.get("affinity_last", aff)
             metrics |= {
@@ -383,7 +403,7 @@ class FedLPPA(Method):
         if not self.cfg.pd:
             payload = Payload(glob)
             return ServerResult(dict.fromkeys(names, payload), state, metrics)
-        uploaded = [i for i, n in enumerate(names) if n in uploads]
+        uploaded = [i for i, n in enumerate(names) if n in decoders]
         mix = aux_mixing(
             self.cfg.aux_strategy,
             aff,
@@ -394,13 +414,10 @@ class FedLPPA(Method):
         )
         metrics["aux_weights"] = mix.tolist()
         metrics["aux_self_weight"] = float(mix.diagonal().mean())
-        dec_keys = [k for k in glob if k.startswith(MAIN[0])]
         payloads = {}
         for i, name in enumerate(names):
             src = [j for j in uploaded if mix[i, j] > 0]
-            aux = average_state(
-                [uploads[names[j]].tensors for j in src], [float(mix[i, j]) for j in src], dec_keys
-            )
+            aux = average_state([decoders[names[j]] for j in src], [float(mix[i, j]) for j in src])
             payloads[name] = Payload(
                 {**glob, **{AUX + k[len(MAIN[0]) :]: v for k, v in aux.items()}}
             )
@@ -415,3 +432,30 @@ class FedLPPA(Method):
             model.load_state_dict(merged, strict=False)
         model.set_site(ctx.site.index, self.asp_sparsity(ctx))
         return model
+
+
+class _RoundAggregate:
+    """FedLPPA's server step as a reduction: the uploads go into a running sample-weighted
+    average as they arrive; the affinity (Eq. 7) needs every uploader's own DDP slot and the
+    auxiliary decoders (Eq. 9) every main decoder, so only those are kept."""
+
+    def __init__(self, method: FedLPPA, state: State, ctx: ServerContext) -> None:
+        self.method, self.state, self.ctx = method, state, ctx
+        self.avg = RunningAverage()
+        self.index = {s.name: s.index for s in ctx.spec.sites}
+        self.slots: dict[str, torch.Tensor] = {}
+        self.decoders: dict[str, dict[str, torch.Tensor]] = {}
+
+    def add(self, site: str, upload: Payload) -> None:
+        tensors, cfg = upload.tensors, self.method.cfg
+        self.avg.add(tensors, float(upload.num_examples))
+        if cfg.tdf:
+            self.slots[site] = tensors["tdf.ddp"][self.index[site]].clone()
+        if cfg.pd:
+            self.decoders[site] = {
+                k: v.detach().clone() for k, v in tensors.items() if k.startswith(MAIN[0])
+            }
+
+    def finish(self) -> ServerResult:
+        glob = self.avg.result()
+        return self.method.close_round(glob, self.decoders, self.slots, self.state, self.ctx)
