@@ -364,7 +364,7 @@ def main() -> None:
         rendered.append(render(title, rows))
         if group == "table7":
             rendered.append(trajectory(rows[-1]))
-    budget = " ".join(f"--set {s}" for s in BUDGET)
+    budget = " ".join(f"--set {s}" for s in [*BUDGET, *args.set])
     print(f"Budget: shipped configs with {budget}, seed {args.seed}.\n")
     print("\n".join(rendered))
 
