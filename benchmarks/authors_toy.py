@@ -397,22 +397,23 @@ def run_fedseg(toy: Toy, work: Path, fed_root: Path, workers: int, timeout: floa
     return result
 
 
-def summarise(toy: Toy, results: list[SideResult]) -> dict[str, dict[str, object]]:
+def summarise(toy: Toy, results: list[SideResult], first: int = 2) -> dict[str, dict[str, object]]:
     """Per side: launch to the end of round 1, and (wall, CPU) of the compared rounds.
 
     Authors' boundaries are the starts of rounds 1..N and the end of round N; fedseg's are the
     launch, the ends of rounds 1..N-1 and the exit (round N plus the final evaluation). The
     k-th interval is round k on both sides (fedseg's first also holds start-up), so the
     compared rounds 2..N-1 are the same slice; with N = 2 it is round 2, which for fedseg
-    then includes the final evaluation.
+    then includes the final evaluation. ``first`` moves the start of the compared rounds
+    (e.g. past the rounds in which the authors' code skips its learnable aggregation).
     """
     out: dict[str, dict[str, object]] = {}
     last = max(2, toy.rounds - 1)
     for res in results:
-        steady = res.rounds()[1:last]
+        steady = res.rounds()[first - 1 : last]
         out[res.name] = {
             "to_end_of_round_1_s": res.walls[1],
-            "compared_rounds": [2, last],
+            "compared_rounds": [first, last],
             "rounds": [[round(w, 3), round(c, 3)] for w, c in res.rounds()],
             "median_wall_s": statistics.median(w for w, _ in steady),
             "median_cpu_s": statistics.median(c for _, c in steady),
@@ -438,12 +439,20 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=540.0, help="seconds per side")
     ap.add_argument(
+        "--from-round",
+        type=int,
+        default=2,
+        help="first compared round (their learnable aggregation starts in round 11)",
+    )
+    ap.add_argument(
         "--sides", nargs="+", default=["authors", "fedseg:1", "fedseg:2"],
         help="authors and/or fedseg:N (N = engine.workers)",
     )  # fmt: skip
     args = ap.parse_args()
     if args.rounds < 2:
         ap.error("--rounds must be at least 2 (round 1 holds start-up)")
+    if not 2 <= args.from_round <= max(2, args.rounds - 1):
+        ap.error("--from-round must lie in 2 .. rounds - 1")
     bad = [s for s in args.sides if s != "authors" and not re.fullmatch(r"fedseg:[1-9]\d*", s)]
     if bad:
         ap.error(f"--sides: unknown sides {bad} (authors, fedseg:N)")
@@ -474,10 +483,10 @@ def main() -> None:
             f"load {os.getloadavg()[0]:.2f}",
             flush=True,
         )
-    summary = summarise(toy, results)
+    summary = summarise(toy, results, args.from_round)
     (args.work / "authors_toy.json").write_text(json.dumps(summary, indent=1))
     base = summary.get("authors")
-    first, last = 2, max(2, toy.rounds - 1)
+    first, last = args.from_round, max(2, toy.rounds - 1)
     print(
         "\n| side | launch to end of round 1 s | wall s/round | CPU s/round | wall speed-up "
         "vs authors | CPU authors/side | every round (wall, CPU) |\n|---|---|---|---|---|---|---|"
