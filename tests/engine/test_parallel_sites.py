@@ -86,3 +86,45 @@ def test_parallel_steps_start_from_the_saved_private_state() -> None:
 def test_workers_must_be_positive() -> None:
     with pytest.raises(ValidationError, match="workers"):
         RunConfig.model_validate({"data": {"root": "x"}, "engine": {"workers": 0}})
+
+
+def test_worker_processes_are_not_sent_what_they_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process that holds a site's current private state gets HELD instead of it, and a
+    payload it already holds (the model evaluated after round r is trained in round r + 1)
+    goes by token only; results stay identical to the sequential engine (test above)."""
+    from fedseg.engine import pool
+
+    states, blobs = [], []
+    site_args, pack = pool.ParallelLink._site_args, pool.ParallelLink._pack
+
+    def recorded_site_args(self, name, slot):  # type: ignore[no-untyped-def]
+        out = site_args(self, name, slot)
+        states.append(isinstance(out[3], str) and out[3] == pool.HELD)
+        return out
+
+    def recorded_pack(self, payloads):  # type: ignore[no-untyped-def]
+        packed = pack(self, payloads)
+
+        def inner(site, slot):  # type: ignore[no-untyped-def]
+            out = packed(site, slot)
+            blobs.append(out[1] is None)
+            return out
+
+        return inner
+
+    monkeypatch.setattr(pool.ParallelLink, "_site_args", recorded_site_args)
+    monkeypatch.setattr(pool.ParallelLink, "_pack", recorded_pack)
+    spec, sites = toy_federation(2, size=32)
+    cls = get_method("fedlppa")
+    sim = Simulation(cls(cls.Config(), spec), sites, TRAIN, seed=3, workers=2, threads=1)
+    try:
+        sim.round(0)
+        sim.evaluate(REGIONS)
+        first = len(states)
+        sim.round(1)
+        sim.evaluate(REGIONS)
+    finally:
+        sim.close()
+    assert first == 4 and len(states) == 8  # 2 sites x (train + evaluate) per round
+    assert not any(states[:2])  # round 1: every process gets the initial state
+    assert any(states[first:]) and any(blobs)

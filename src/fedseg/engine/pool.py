@@ -74,23 +74,38 @@ def _worker(name: str, data: SiteData | None, initial: Any) -> SiteWorker:
     return workers[name]
 
 
-def _payload(packed: tuple[tuple[int, int], bytes]) -> Payload:
-    """The payload of ``packed`` = (token, pickled payload), unpickled once per process: sites
-    sharing one payload object in the server share one here too (validated once)."""
-    token, blob = packed
-    cache: dict[tuple[int, int], Payload] = _CHILD.setdefault("payloads", {})
+HELD = "held"
+"""Sent instead of a site's private state that the worker process already holds."""
+
+
+def _payload(packed: tuple[int, bytes | None, frozenset[int]]) -> Payload:
+    """The payload of ``packed`` = (token, pickled payload or None, tokens of the request),
+    unpickled once per process and kept while the server keeps sending it (the payload
+    evaluated after round r is the one trained in round r + 1): sites sharing one payload
+    object in the server share one here too (validated once)."""
+    token, blob, alive = packed
+    cache: dict[int, Payload] = _CHILD.setdefault("payloads", {})
+    for gone in set(cache) - alive:
+        del cache[gone]
     if token not in cache:
-        if any(t[0] != token[0] for t in cache):  # a new request of the server: drop the old
-            cache.clear()
+        if blob is None:
+            raise RuntimeError(f"worker process does not hold payload {token}")
         cache[token] = pickle.loads(blob)
     return cache[token]
+
+
+def _state(w: SiteWorker, saved: Any) -> None:
+    """Set the site's private state, unless the parent says this process holds it."""
+    if not (isinstance(saved, str) and saved == HELD):
+        w.store.saved = saved  # type: ignore[attr-defined]
 
 
 def _train(blob: bytes) -> bytes:
     name, data, initial, saved, train, r, packed = pickle.loads(blob)
     payload = _payload(packed)
     w = _worker(name, data, initial)
-    w.train_cfg, w.store.saved = train, saved  # type: ignore[attr-defined]
+    w.train_cfg = train
+    _state(w, saved)
     res, start = w.train(r, payload)
     return pickle.dumps((TrainReply(res.upload, res.metrics, start), w.store.saved))  # type: ignore[attr-defined]
 
@@ -99,7 +114,8 @@ def _evaluate(blob: bytes) -> bytes:
     name, data, initial, saved, target, target_data, regions, batch, r, packed = pickle.loads(blob)
     payload = _payload(packed)
     w = _worker(name, data, initial)
-    w.regions, w.eval_batch_size, w.store.saved = dict(regions), batch, saved  # type: ignore[attr-defined]
+    w.regions, w.eval_batch_size = dict(regions), batch
+    _state(w, saved)
     cached: dict[str, SiteData] = _CHILD.setdefault("eval_data", {})
     if target_data is not None:
         cached[target] = target_data
@@ -108,20 +124,41 @@ def _evaluate(blob: bytes) -> bytes:
 
 @dataclass
 class _Slot:
-    """One worker process and the sites whose data it already holds."""
+    """One worker process and what it already holds: site data, the version of each site's
+    private state (:class:`_CountedStore`) and the payloads (by token)."""
 
     pool: ProcessPoolExecutor
     has: set[str] = field(default_factory=set)
+    states: dict[str, int] = field(default_factory=dict)
+    payloads: set[int] = field(default_factory=set)
 
 
 @dataclass
 class _Job:
     key: str
     fn: Callable[[bytes], bytes]
-    args: Callable[[set[str]], tuple[Any, ...]]
-    """The job's arguments for a process holding the data of the sites given."""
+    args: Callable[[_Slot], tuple[Any, ...]]
+    """The job's arguments for the process of the slot (what it holds is not sent again)."""
     sends: set[str]
     """What the process holds after the job (site data for training or evaluation)."""
+
+
+class _CountedStore(MemoryStore):
+    """The parent's copy of a site's newest state, with a ``version`` that every change
+    bumps, so that the link knows which worker process holds the current state."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        super().__init__()
+
+    @property  # type: ignore[override]
+    def saved(self) -> tuple[int, Any] | None:
+        return self._saved
+
+    @saved.setter
+    def saved(self, value: tuple[int, Any] | None) -> None:
+        self._saved = value
+        self.version += 1
 
 
 class ParallelLink(InMemoryLink):
@@ -146,11 +183,14 @@ class ParallelLink(InMemoryLink):
         self.threads = threads or max(1, torch.get_num_threads() // workers)
         self._slots: list[_Slot] = []
         self._method: Method | None = None
-        self._requests = 0
+        self._tokens: dict[int, tuple[int, weakref.ref[Payload]]] = {}
+        self._next_token = 0
 
     def bind(self, method: Method, run_uid: str = "") -> None:
         self.close()
         super().bind(method, run_uid)
+        for w in self.workers.values():
+            w.store = _CountedStore()
         self._method = method
 
     def _start_slots(self) -> list[_Slot]:
@@ -180,21 +220,51 @@ class ParallelLink(InMemoryLink):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _site_args(self, name: str, has: set[str]) -> tuple[Any, Any, Any]:
+    def _site_args(self, name: str, slot: _Slot) -> tuple[Any, Any, Any, Any]:
+        """The site's name, its data and initial state (if the process lacks them) and its
+        private state (:data:`HELD` if the process holds the current one)."""
         w = self.workers[name]
-        fresh = name not in has
-        return (name, w.data if fresh else None, w.initial if fresh else None)
+        fresh = name not in slot.has
+        store: _CountedStore = w.store  # type: ignore[assignment]
+        held = slot.states.get(name) == store.version
+        slot.states[name] = store.version
+        return (
+            name,
+            w.data if fresh else None,
+            w.initial if fresh else None,
+            HELD if held else store.saved,
+        )
 
-    def _pack(self, payloads: Mapping[str, Payload]) -> dict[str, tuple[tuple[int, int], bytes]]:
-        """Each distinct payload object pickled once, with a token unique to this request."""
-        self._requests += 1
+    def _token(self, p: Payload) -> int:
+        """A token per payload object, kept while the object lives."""
+        known = self._tokens.get(id(p))
+        if known is None or known[1]() is not p:
+            self._tokens = {k: v for k, v in self._tokens.items() if v[1]() is not None}
+            self._next_token += 1
+            known = self._tokens[id(p)] = (self._next_token, weakref.ref(p))
+        return known[0]
+
+    def _pack(
+        self, payloads: Mapping[str, Payload]
+    ) -> Callable[[str, _Slot], tuple[int, bytes | None, frozenset[int]]]:
+        """For a site and a process: its payload's token, the payload pickled (once per
+        request) unless the process holds it, and the tokens of this request (the process
+        drops the others)."""
+        tokens = {site: self._token(p) for site, p in payloads.items()}
+        alive = frozenset(tokens.values())
         blobs: dict[int, bytes] = {}
-        out = {}
-        for site, p in payloads.items():
-            if id(p) not in blobs:
-                blobs[id(p)] = pickle.dumps(p)
-            out[site] = ((self._requests, id(p)), blobs[id(p)])
-        return out
+
+        def packed(site: str, slot: _Slot) -> tuple[int, bytes | None, frozenset[int]]:
+            token = tokens[site]
+            slot.payloads &= alive
+            if token in slot.payloads:
+                return token, None, alive
+            slot.payloads.add(token)
+            if token not in blobs:
+                blobs[token] = pickle.dumps(payloads[site])
+            return token, blobs[token], alive
+
+        return packed
 
     def train(self, r: int, payloads: Mapping[str, Payload]) -> Replies:
         if self.num_workers == 1 or len(payloads) < 2:
@@ -204,20 +274,21 @@ class ParallelLink(InMemoryLink):
             _Job(
                 name,
                 _train,
-                lambda has, name=name: (
-                    *self._site_args(name, has),
-                    self.workers[name].store.saved,  # type: ignore[attr-defined]
+                lambda slot, name=name: (
+                    *self._site_args(name, slot),
                     self.train_cfg,
                     r,
-                    packed[name],
+                    packed(name, slot),
                 ),
                 {name},
             )
             for name in payloads
         ]
         out: dict[str, TrainReply | Failure] = {}
-        for name, (reply, saved) in self._run(jobs).items():
-            self.workers[name].store.saved = saved  # type: ignore[attr-defined]
+        for name, ((reply, saved), slot) in self._run(jobs).items():
+            store: _CountedStore = self.workers[name].store  # type: ignore[assignment]
+            store.saved = saved
+            slot.states[name] = store.version  # the process holds the state it returned
             out[name] = reply
         return out
 
@@ -234,40 +305,39 @@ class ParallelLink(InMemoryLink):
             _Job(
                 real,
                 _evaluate,
-                lambda has, name=name, real=real: (
-                    *self._site_args(name, has),
-                    self.workers[name].store.saved,  # type: ignore[attr-defined]
+                lambda slot, name=name, real=real: (
+                    *self._site_args(name, slot),
                     real,
-                    self.sites[real] if real != name and f"eval:{real}" not in has else None,
+                    self.sites[real] if real != name and f"eval:{real}" not in slot.has else None,
                     self.regions,
                     self.eval_batch_size,
                     r,
-                    packed[name],
+                    packed(name, slot),
                 ),
                 {name, f"eval:{real}"},
             )
             for name, real in pairs
         ]
-        return dict(self._run(jobs))
+        return {key: result for key, (result, _) in self._run(jobs).items()}
 
-    def _run(self, jobs: list[_Job]) -> dict[str, Any]:
-        """Run ``jobs`` on the worker processes, each on the next free one; results by key
-        in the order of ``jobs``."""
+    def _run(self, jobs: list[_Job]) -> dict[str, tuple[Any, _Slot]]:
+        """Run ``jobs`` on the worker processes, each on the next free one; (result, slot
+        that ran it) by key in the order of ``jobs``."""
         slots = self._start_slots()
         pending, running = deque(jobs), {}
         free = list(slots)
-        results: dict[str, Any] = {}
+        results: dict[str, tuple[Any, _Slot]] = {}
         while pending or running:
             while pending and free:
                 job, slot = pending.popleft(), free.pop(0)
-                blob = pickle.dumps(job.args(slot.has))
+                blob = pickle.dumps(job.args(slot))
                 slot.has.update(job.sends)
                 running[slot.pool.submit(job.fn, blob)] = (job, slot)
             done, _ = wait(list(running), return_when=FIRST_COMPLETED)
             for fut in done:
                 job, slot = running.pop(fut)
                 free.append(slot)
-                results[job.key] = pickle.loads(fut.result())
+                results[job.key] = (pickle.loads(fut.result()), slot)
         return {job.key: results[job.key] for job in jobs}
 
 
