@@ -37,6 +37,7 @@ __all__ = [
     "Template",
     "TensorSpec",
     "TrainSettings",
+    "aggregate",
     "batches_per_epoch",
     "payload_size",
     "template_of",
@@ -299,6 +300,14 @@ class CollectUploads:
 
     def finish(self) -> ServerResult:
         return self.method.server_step(self.uploads, self.state, self.ctx)
+
+
+def aggregate(agg: Aggregator, uploads: Mapping[str, Payload]) -> ServerResult:
+    """Feed ``uploads`` to ``agg`` in their order and close the round: the server step of a
+    method whose aggregator reduces uploads as they arrive."""
+    for site, upload in uploads.items():
+        agg.add(site, upload)
+    return agg.finish()
 
 
 class Method(ABC):

@@ -13,6 +13,7 @@ from fedseg.methods.base import (
     ServerContext,
     ServerResult,
     State,
+    aggregate,
 )
 from fedseg.methods.registry import register_method
 from fedseg.methods.wss import WSSConfig, WSSMethod
@@ -50,10 +51,7 @@ class FedAvg(WSSMethod):
     def server_step(
         self, uploads: Mapping[str, Payload], state: State, ctx: ServerContext
     ) -> ServerResult:
-        agg = _SampleAverage(state, ctx)
-        for site, upload in uploads.items():
-            agg.add(site, upload)
-        return agg.finish()
+        return aggregate(_SampleAverage(state, ctx), uploads)
 
     def aggregator(self, state: State, ctx: ServerContext) -> Aggregator:
         """A running sample-weighted average (the server holds one sum, not every upload),

@@ -34,6 +34,7 @@ from fedseg.methods.base import (
     ServerResult,
     SiteSpec,
     State,
+    aggregate,
 )
 from fedseg.methods.partition import Partition, ResolvedPartition
 from fedseg.methods.pseudo_label import dual_decoder_loss
@@ -368,10 +369,7 @@ class FedLPPA(Method):
     def server_step(
         self, uploads: Mapping[str, Payload], state: State, ctx: ServerContext
     ) -> ServerResult:
-        agg = self.aggregator(state, ctx)
-        for site, upload in uploads.items():
-            agg.add(site, upload)
-        return agg.finish()
+        return aggregate(self.aggregator(state, ctx), uploads)
 
     def close_round(
         self,
