@@ -61,13 +61,12 @@ def main() -> None:
     )
     if not method_config(cfg.method).model_dump().get("pd", True):
         raise SystemExit(f"{args.config} has no dual decoder (pd: false): nothing to probe")
-    ignore = 255
     read_site = sites_module._read_site
 
     def read_with_masks(fed, spec, labels, eval_split):  # type: ignore[no-untyped-def]
         data = read_site(fed, spec, labels, eval_split)
-        masks = fed.load(spec.name, "train", "full").masks
-        data.train_labels = encode(data.train_labels, masks.to(data.train_labels.dtype), ignore)
+        masks = fed.load(spec.name, "train", "full").masks.to(data.train_labels.dtype)
+        data.train_labels = encode(data.train_labels, masks, fed.manifest.ignore_index)
         return data
 
     now: dict[str, Any] = {}
