@@ -25,11 +25,15 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def _run(name: str, workers: int) -> tuple[Simulation, list[dict], dict]:
+def _sim(name: str, workers: int) -> Simulation:
     spec, sites = toy_federation(3, size=32, with_val=True)
     cls = get_method(name)
     method = cls(cls.Config(), Simulation.method_spec(cls, spec, sites))
-    sim = Simulation(method, sites, TRAIN, seed=3, workers=workers, threads=1)
+    return Simulation(method, sites, TRAIN, seed=3, workers=workers, threads=1)
+
+
+def _run(name: str, workers: int) -> tuple[Simulation, list[dict], dict]:
+    sim = _sim(name, workers)
     try:
         records = [sim.round(r) for r in range(TRAIN.rounds)]
         return sim, records, sim.evaluate(REGIONS)
@@ -72,14 +76,22 @@ def test_two_workers_bit_identical_to_sequential(name: str) -> None:
 
 def test_parallel_steps_start_from_the_saved_private_state() -> None:
     """A second round continues each site's own state: the state after round 1 differs from
-    the initial one for a method with private weights."""
-    sim, _, _ = _run("fedbn", 2)
+    the initial one for a method with private weights; the server process releases the
+    initial states once the sites hold newer ones."""
+    sim = _sim("fedbn", 2)
+    initial = {name: w.initial for name, w in sim.link.workers.items()}
+    try:
+        for r in range(TRAIN.rounds):
+            sim.round(r)
+    finally:
+        sim.close()
     for name, worker in sim.link.workers.items():
-        saved = worker.store.saved
+        saved, first_state = worker.store.saved, initial[name]
         assert saved is not None and saved[0] == TRAIN.rounds - 1, name
+        assert worker.initial is None and first_state is not None, name
         first = next(iter(saved[1]["method"]["weights"]))
         assert not torch.equal(
-            saved[1]["method"]["weights"][first], worker.initial["method"]["weights"][first]
+            saved[1]["method"]["weights"][first], first_state["method"]["weights"][first]
         )
 
 

@@ -85,6 +85,43 @@ def test_fedavg_server_holds_one_upload_at_a_time():
     assert alive_at_start == [0, 1, 1, 1]
 
 
+def test_sites_release_their_initial_state_after_the_first_step():
+    """Memory holds one private state per site: after a site's first step its state before
+    round 1 is freed (the in-memory store never goes back to it)."""
+    spec, sites = toy_federation(3)
+    cls = get_method("fedlppa")
+    sim = Simulation(cls(cls.Config(), Simulation.method_spec(cls, spec, sites)), sites, TRAIN)
+    refs = {
+        name: weakref.ref(next(iter(w.initial["method"]["la"].values())))
+        for name, w in sim.link.workers.items()
+    }
+    sim.round(0)
+    gc.collect()
+    assert all(w.initial is None for w in sim.link.workers.values())
+    assert all(ref() is None for ref in refs.values())
+    sim.round(1)  # later rounds start from the saved states
+    assert all(w.store.saved[0] == 1 for w in sim.link.workers.values())
+
+
+def test_a_store_that_replays_keeps_the_initial_state(tmp_path):
+    """A site whose store can replay an earlier round (a Flower site's files, after the
+    server resumed from an older checkpoint) keeps its state before round 1."""
+    from fedseg.engine.flower.site_state import SiteStateStore
+
+    spec, sites = toy_federation(2)
+    cls = get_method("fedbn")
+    sim = Simulation(cls(cls.Config(), spec), sites, TRAIN)
+    worker = sim.link.workers["site0"]
+    worker.store = SiteStateStore(tmp_path / "site0")
+    payload = sim.payloads["site0"]
+    first, _ = worker.train(0, payload)
+    assert worker.initial is not None
+    replay, start = worker.train(0, payload)  # round 1 again: from the initial state
+    assert start == -1
+    for key, value in first.upload.tensors.items():
+        assert torch.equal(value, replay.upload.tensors[key]), key
+
+
 def test_fedavg_learns_and_evaluates_every_site():
     sim = _sim("fedavg")
     records = _train(sim)

@@ -26,7 +26,14 @@ import torch
 
 from fedseg.engine.link import Failure, InMemoryLink, Replies
 from fedseg.engine.sites import POOLED, SiteData
-from fedseg.engine.worker import EvalReply, MemoryStore, SiteWorker, TrainReply, initial_model
+from fedseg.engine.worker import (
+    RELEASED,
+    EvalReply,
+    MemoryStore,
+    SiteWorker,
+    TrainReply,
+    initial_model,
+)
 from fedseg.errors import ConfigError
 from fedseg.methods import FederationSpec, Method, Payload, TrainSettings
 
@@ -231,7 +238,7 @@ class ParallelLink(InMemoryLink):
         return (
             name,
             w.data if fresh else None,
-            w.initial if fresh else None,
+            (RELEASED if w.initial is None else w.initial) if fresh else None,
             HELD if held else store.saved,
         )
 
@@ -288,6 +295,7 @@ class ParallelLink(InMemoryLink):
         for name, ((reply, saved), slot) in self._run(jobs).items():
             store: _CountedStore = self.workers[name].store  # type: ignore[assignment]
             store.saved = saved
+            self.workers[name].initial = None  # the store never goes back to it
             slot.states[name] = store.version  # the process holds the state it returned
             out[name] = reply
         return out

@@ -26,6 +26,7 @@ from fedseg.methods.base import Template, validate_payload
 from fedseg.methods.training import Precision, precision
 
 __all__ = [
+    "RELEASED",
     "EvalReply",
     "MemoryStore",
     "SiteWorker",
@@ -38,9 +39,18 @@ __all__ = [
 SiteState = dict[str, Any]
 """What a site keeps between rounds: ``{"method": private state, "optimizer": {...}}``."""
 
+RELEASED = "released"
+"""Passed as ``initial`` where the site's state before round 1 was released (its store holds
+a newer state, set before the first step)."""
+
 
 class StateStore(Protocol):
     """Where a site keeps its private state between rounds."""
+
+    replays: bool
+    """Whether a step may start from before the newest save (a server that resumes from an
+    older checkpoint replays rounds). A store that cannot lets the site release its initial
+    state after the first save."""
 
     def latest_before(self, r: int) -> tuple[int, SiteState] | None:
         """``(round, state)`` saved after the newest round before ``r``, or None."""
@@ -53,6 +63,8 @@ class StateStore(Protocol):
 
 class MemoryStore:
     """The newest state of a site, in memory (the in-process engine; checkpointed by it)."""
+
+    replays = False
 
     def __init__(self) -> None:
         self.saved: tuple[int, SiteState] | None = None
@@ -114,7 +126,7 @@ class SiteWorker:
 
     ``model`` is the workspace network (initial weights from :func:`initial_model`);
     ``regions`` and ``eval_batch_size`` configure evaluation; ``initial`` is the site's state
-    before round 1 when another process computed it.
+    before round 1 when another process computed it (:data:`RELEASED`: no longer needed).
     """
 
     def __init__(
@@ -130,7 +142,7 @@ class SiteWorker:
         regions: Mapping[str, Sequence[int]],
         eval_batch_size: int,
         download: Template | None = None,
-        initial: SiteState | None = None,
+        initial: SiteState | str | None = None,
         precision: Precision | None = None,
     ) -> None:
         self.method, self.data, self.train_cfg = method, data, train
@@ -143,9 +155,10 @@ class SiteWorker:
         if initial is None:
             with seeded(derive_seed(seed, -1, data.spec.index), device):
                 initial = {"method": method.init_client(model, data.spec), "optimizer": {}}
-        self.initial: SiteState = initial
+        self.initial: SiteState | None = None if isinstance(initial, str) else initial
         """The state before round 1, taken from the initial model before any training (or
-        ``initial``: the one another process took)."""
+        ``initial``: the one another process took); None once released (a store that does
+        not replay holds a newer one), so that memory holds one state per site."""
 
     def _precision(self) -> AbstractContextManager[Precision]:
         return precision(self.precision.amp, self.precision.channels_last)
@@ -157,7 +170,14 @@ class SiteWorker:
     def state(self, r: int) -> tuple[int, SiteState]:
         """``(round, state)`` a step of round ``r`` starts from (the initial state: -1)."""
         prev = self.store.latest_before(r)
-        return prev if prev is not None else (-1, self.initial)
+        if prev is not None:
+            return prev
+        if self.initial is None:
+            raise FedsegError(
+                f"site {self.name!r}: a step of round {r + 1} needs the state before round 1, "
+                "which was released after the site's first step"
+            )
+        return -1, self.initial
 
     def context(self, r: int, data: SiteData | None = None) -> ClientContext:
         """The client context of round ``r`` on ``data`` (default: this site's)."""
@@ -181,6 +201,8 @@ class SiteWorker:
         with self._precision(), seeded(seed, self.device):
             res = self.method.client_step(payload, st["method"], ctx)
         self.store.save(r, {"method": res.state, "optimizer": ctx.optimizer_state})
+        if not self.store.replays:
+            self.initial = None
         self.data.release()
         return res, start
 

@@ -29,6 +29,8 @@ class SiteStateStore:
     """Private states of one site in one run, under ``root``, keeping the newest ``keep``
     files (a :class:`~fedseg.engine.worker.StateStore`)."""
 
+    replays = True
+
     def __init__(self, root: Path, keep: int = 2) -> None:
         self.root = Path(root)
         self.keep = max(keep, 1)
