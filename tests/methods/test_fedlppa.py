@@ -94,6 +94,22 @@ def test_affinity_compares_the_uploaded_or_the_aggregated_ddp_slots(prompts):
     assert not torch.allclose(aff, other)
 
 
+def test_matrices_are_logged_up_to_a_number_of_sites():
+    """Above ``log_matrices_up_to`` sites the N x N matrices stay out of the server metrics
+    (their summaries stay); the payloads are the same either way."""
+    spec, _ = toy_federation(3, size=32)
+    full, capped = _method(spec), _method(spec, log_matrices_up_to=2)
+    uploads = _uploads(full, full.build_model(), spec.site_names)
+    a, b = _server(full, uploads), _server(capped, uploads)
+    assert {"affinity", "affinity_sites", "aux_weights"} <= set(a.metrics)
+    assert not {"affinity", "affinity_sites", "aux_weights"} & set(b.metrics)
+    for key in ("affinity_change", "affinity_drift", "aux_self_weight"):
+        assert a.metrics[key] == b.metrics[key]
+    for name in spec.site_names:
+        for key, value in a.payloads[name].tensors.items():
+            assert torch.equal(value, b.payloads[name].tensors[key]), (name, key)
+
+
 @pytest.mark.parametrize("rule", ["fedavg", "owner"])
 def test_ddp_slot_of_a_site_is_averaged_or_taken_from_its_owner(rule):
     spec, _ = toy_federation(3, size=32)

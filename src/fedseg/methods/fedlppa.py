@@ -100,6 +100,10 @@ class FedLPPAConfig(MethodConfig):
     """Settling test: their standard deviation must fall below this."""
     tdf_dropout: float = Field(0.5, ge=0, lt=1)
     """Dropout after the first TDF fusion conv block."""
+    log_matrices_up_to: int = Field(100, ge=0)
+    """Server metrics carry the N x N ``affinity`` and ``aux_weights`` matrices while the
+    federation has at most this many sites; above it only their summaries (at 1000 sites the
+    two matrices are 43 MB of JSON per round in ``rounds.jsonl``)."""
 
     @model_validator(mode="after")
     def _check(self) -> FedLPPAConfig:
@@ -382,6 +386,7 @@ class FedLPPA(Method):
         """Eqs. 2 and 7-9 from the averaged uploads ``glob``, the uploaders' own DDP
         ``slots`` and their main ``decoders``."""
         names = ctx.spec.site_names
+        matrices = len(names) <= self.cfg.log_matrices_up_to
         metrics: dict[str, Any] = {}
         aff = None
         if self.cfg.tdf:
@@ -391,7 +396,8 @@ class FedLPPA(Method):
             ddp = own if self.cfg.affinity_prompts == "uploaded" else glob["tdf.ddp"]
             order = [s.index for s in ctx.spec.sites]  # DDP slot of each site, in site order
             aff = prompt_affinity(ddp, glob.get("tdf.ukp"))[order][:, order]
-            metrics |= {"affinity": aff.tolist(), "affinity_sites": names}
+            if matrices:
+                metrics |= {"affinity": aff.tolist(), "affinity_sites": names}
             first, last = state.get("affinity_first", aff), state.get("affinity_last", aff)
             metrics |= {
                 "affinity_change": float((aff - last).abs().max()),
@@ -410,7 +416,8 @@ class FedLPPA(Method):
             ctx.generator,
             self.cfg.aux_include_self,
         )
-        metrics["aux_weights"] = mix.tolist()
+        if matrices:
+            metrics["aux_weights"] = mix.tolist()
         metrics["aux_self_weight"] = float(mix.diagonal().mean())
         payloads = {}
         for i, name in enumerate(names):

@@ -28,7 +28,8 @@ def last_affinity(run_dir: Path) -> tuple[int, list[list[float]], list[str]]:
                 found = rec
     if found is None:
         raise ConfigError(
-            f"{path}: no round has server metrics 'affinity' (a FedLPPA run with tdf: true)"
+            f"{path}: no round has server metrics 'affinity' (a FedLPPA run with tdf: true "
+            "and at most method.log_matrices_up_to sites)"
         )
     matrix = found["server"]["affinity"]
     names = found["server"].get("affinity_sites") or [str(i) for i in range(len(matrix))]
