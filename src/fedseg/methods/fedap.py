@@ -10,7 +10,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from fedseg.methods.aggregate import average_state, weighted_average
+from fedseg.methods.aggregate import mix_states, weighted_average
 from fedseg.methods.base import (
     ClientContext,
     ClientResult,
@@ -195,12 +195,11 @@ class FedAP(FedBN):
         w = torch.tensor(state["W"], dtype=torch.float64)
         senders = [n for n in names if n in uploads]
         cols = [names.index(n) for n in senders]
-        payloads = {}
-        for i, name in enumerate(names):
-            row = w[i, cols]
-            row = row / row.sum() if float(row.sum()) > 0 else torch.full_like(row, 1 / len(row))
-            mixed = average_state([uploads[n].tensors for n in senders], row.tolist(), shared)
-            payloads[name] = Payload(mixed)
+        rows = w[:, cols]
+        empty = rows.sum(1) <= 0  # a site whose weights are all on sites that did not send
+        rows[empty] = 1.0
+        mixed = mix_states([uploads[n].tensors for n in senders], rows, shared)
+        payloads = {name: Payload(m) for name, m in zip(names, mixed, strict=True)}
         return ServerResult(payloads, state, metrics)
 
 

@@ -20,7 +20,7 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from fedseg.errors import ConfigError
-from fedseg.methods.aggregate import RunningAverage, average_state
+from fedseg.methods.aggregate import RunningAverage, mix_states
 from fedseg.methods.ala import init_weights, merge, train_weights
 from fedseg.methods.base import (
     Aggregator,
@@ -419,13 +419,11 @@ class FedLPPA(Method):
         if matrices:
             metrics["aux_weights"] = mix.tolist()
         metrics["aux_self_weight"] = float(mix.diagonal().mean())
-        payloads = {}
-        for i, name in enumerate(names):
-            src = [j for j in uploaded if mix[i, j] > 0]
-            aux = average_state([decoders[names[j]] for j in src], [float(mix[i, j]) for j in src])
-            payloads[name] = Payload(
-                {**glob, **{AUX + k[len(MAIN[0]) :]: v for k, v in aux.items()}}
-            )
+        auxes = mix_states([decoders[names[j]] for j in uploaded], mix[:, uploaded])
+        payloads = {
+            name: Payload({**glob, **{AUX + k[len(MAIN[0]) :]: v for k, v in aux.items()}})
+            for name, aux in zip(names, auxes, strict=True)
+        }
         return ServerResult(payloads, state, metrics)
 
     def eval_model(self, payload: Payload, state: State, ctx: ClientContext) -> nn.Module:
