@@ -1,14 +1,16 @@
 """Peak memory and checkpoint size of an in-process run against the number of sites.
 
 Usage: python benchmarks/memory_vs_sites.py [--plan 10:64:10 100:64:10 1000:32:5]
-       [--methods fedavg fedbn fedlppa] [--widths 4,8,16,32,64] [--lazy] [--work /tmp/fedseg-memory]
+       [--methods fedavg fedbn fedlppa] [--widths 4,8,16,32,64] [--lazy]
+       [--site-states memory|disk] [--work /tmp/fedseg-memory]
 
 Each plan entry is ``sites:size:per_site``: a synthetic ``faz`` federation of that many sites
 (``fedseg data synth``), trained one round (one local step, batch 2, default UNet or
 ``--widths``) and evaluated, each (method, sites) in a fresh process. Printed per run: peak
 resident memory of that process (``ru_maxrss``), its memory after importing fedseg (the
-baseline), the checkpoint size, the size of one model, and wall and CPU seconds. The ratio
-checkpoint / model shows what the checkpoint holds beyond one shared model.
+baseline), the checkpoint size, the size of the site state files (``--site-states disk``),
+the size of one model, and wall and CPU seconds. The ratio checkpoint / model shows what the
+checkpoint holds beyond one shared model.
 """
 
 from __future__ import annotations
@@ -28,9 +30,12 @@ def _rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def one(method: str, root: Path, out: Path, widths: str, lazy: bool) -> dict[str, float]:
+def one(
+    method: str, root: Path, out: Path, widths: str, lazy: bool, states: str
+) -> dict[str, float]:
     """Run ``method`` one round on the federation at ``root`` (UNet ``widths``, comma-separated;
-    empty: the default; ``lazy``: ``data.lazy``); measurements of this process."""
+    empty: the default; ``lazy``: ``data.lazy``; ``states``: ``engine.site_states``);
+    measurements of this process."""
     import torch
 
     from fedseg.config import RunConfig
@@ -52,7 +57,7 @@ def one(method: str, root: Path, out: Path, widths: str, lazy: bool) -> dict[str
             },
             "train": {"rounds": 1, "local_iters": 1, "batch_size": 2},
             "eval": {"batch_size": 8},
-            "engine": {"device": "cpu", "threads": 1},
+            "engine": {"device": "cpu", "threads": 1, "site_states": states},
         }
     )
     t0, c0 = time.perf_counter(), time.process_time()
@@ -67,6 +72,7 @@ def one(method: str, root: Path, out: Path, widths: str, lazy: bool) -> dict[str
         "base_mib": base,
         "peak_mib": _rss_mib(),
         "checkpoint_mib": ck.stat().st_size / 2**20,
+        "site_files_mib": sum(f.stat().st_size for f in out.glob("sites/**/*.pt")) / 2**20,
         "model_mib": model_bytes / 2**20,
         "wall_s": wall,
         "cpu_s": cpu,
@@ -89,15 +95,20 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/fedseg-memory"))
     ap.add_argument("--widths", default="", help="UNet widths, e.g. 4,8,16,32,64 (default UNet)")
     ap.add_argument("--lazy", action="store_true", help="data.lazy: one site in memory")
-    ap.add_argument("--one", nargs=5, help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--site-states", choices=["memory", "disk"], default="memory",
+        help="engine.site_states: private states in memory or on disk",
+    )  # fmt: skip
+    ap.add_argument("--one", nargs=6, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        method, root, out, widths, lazy = args.one
-        print(json.dumps(one(method, Path(root), Path(out), widths, lazy == "lazy")))
+        method, root, out, widths, lazy, states = args.one
+        print(json.dumps(one(method, Path(root), Path(out), widths, lazy == "lazy", states)))
         return
     print(
-        "| method | sites | px | imgs/site | data | peak MiB | base MiB | ckpt MiB | model MiB "
-        "| ckpt/model | wall s | CPU s |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "| method | sites | px | imgs/site | data | states | peak MiB | base MiB | ckpt MiB "
+        "| site files MiB | model MiB | ckpt/model | wall s | CPU s |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     mode = "lazy" if args.lazy else "memory"
     for entry in args.plan:
@@ -108,7 +119,17 @@ def main() -> None:
             out = args.work / f"run-{method}-{sites}-{size}"
             subprocess.run(["rm", "-rf", str(out)], check=True)
             proc = subprocess.run(
-                [sys.executable, __file__, "--one", method, str(root), str(out), args.widths, mode],
+                [
+                    sys.executable,
+                    __file__,
+                    "--one",
+                    method,
+                    str(root),
+                    str(out),
+                    args.widths,
+                    mode,
+                    args.site_states,
+                ],
                 capture_output=True,
                 text=True,
             )
@@ -117,8 +138,10 @@ def main() -> None:
                 continue
             m = json.loads(proc.stdout.strip().splitlines()[-1])
             print(
-                f"| {method} | {sites} | {size} | {per_site} | {mode} | {m['peak_mib']:.0f} "
-                f"| {m['base_mib']:.0f} | {m['checkpoint_mib']:.1f} | {m['model_mib']:.1f} "
+                f"| {method} | {sites} | {size} | {per_site} | {mode} | {args.site_states} "
+                f"| {m['peak_mib']:.0f} "
+                f"| {m['base_mib']:.0f} | {m['checkpoint_mib']:.1f} "
+                f"| {m['site_files_mib']:.1f} | {m['model_mib']:.1f} "
                 f"| {m['checkpoint_mib'] / m['model_mib']:.2f} | {m['wall_s']:.1f} "
                 f"| {m['cpu_s']:.1f} |",
                 flush=True,

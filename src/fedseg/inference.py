@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -151,6 +152,7 @@ class RunModels:
         self.server = ServerCore(self.method, cfg.train, cfg.seed)
         self.server.load_state_dict(ck["server"])
         self._site_states: dict[str, Any] = dict(ck["sites"])
+        self._run_uid: str = ck["run_uid"]
 
     @property
     def site_names(self) -> list[str]:
@@ -181,7 +183,9 @@ class RunModels:
 
     @cached_property
     def link(self) -> InMemoryLink:
-        """The in-memory sites with their checkpointed private states."""
+        """The in-memory sites with their checkpointed private states (read from the run's
+        ``sites/`` folder where the run kept them on disk, ``engine.site_states: disk``)."""
+        on_disk = any(isinstance(v, Mapping) and "on_disk" in v for v in self._site_states.values())
         link = InMemoryLink(
             self.spec,
             self.sites,
@@ -190,8 +194,10 @@ class RunModels:
             seed=self.cfg.seed,
             device=self.device,
             eval_batch_size=self.cfg.eval.batch_size,
+            state_root=self.dir.path / "sites" if on_disk else None,
+            keep=self.cfg.engine.checkpoint_every + 1,
         )
-        link.bind(self.method)
+        link.bind(self.method, self._run_uid)
         missing = sorted(set(link.workers) - set(self._site_states))
         if missing:
             raise FedsegError(

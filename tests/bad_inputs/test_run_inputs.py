@@ -202,7 +202,7 @@ def test_a_crafted_pickle_is_never_executed(finished, tmp_path):
     site_state = tmp_path / "state.pt"
     with site_state.open("wb") as fh:
         pickle.dump({"evil": _Evil()}, fh)
-    from fedseg.engine.flower.site_state import SiteStateStore
+    from fedseg.engine.site_state import SiteStateStore
 
     store = SiteStateStore(tmp_path / "store")
     store.root.mkdir()

@@ -106,7 +106,7 @@ def test_sites_release_their_initial_state_after_the_first_step():
 def test_a_store_that_replays_keeps_the_initial_state(tmp_path):
     """A site whose store can replay an earlier round (a Flower site's files, after the
     server resumed from an older checkpoint) keeps its state before round 1."""
-    from fedseg.engine.flower.site_state import SiteStateStore
+    from fedseg.engine.site_state import SiteStateStore
 
     spec, sites = toy_federation(2)
     cls = get_method("fedbn")

@@ -29,9 +29,9 @@ from fedseg.engine.flower.settings import (
     run_config_of,
 )
 from fedseg.engine.flower.site_data import check_site_folder, split_federation
-from fedseg.engine.flower.site_state import SiteStateStore
 from fedseg.engine.flower.tls import write_certificates, write_node_key
 from fedseg.engine.server import spec_from_json, spec_to_json
+from fedseg.engine.site_state import SiteStateStore
 from fedseg.errors import ConfigError, DataError, FedsegError, UploadError
 from fedseg.methods import Payload, get_method
 from fedseg.testing import toy_federation

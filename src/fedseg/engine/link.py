@@ -9,12 +9,15 @@ sites are SuperNodes. A link returns, per site, a reply or the reason why there 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
+from fedseg.engine.site_state import SiteStateStore
 from fedseg.engine.sites import POOLED, SiteData, pooled_site
 from fedseg.engine.worker import EvalReply, MemoryStore, SiteWorker, TrainReply, initial_model
+from fedseg.errors import DataError
 from fedseg.methods import FederationSpec, Method, Payload, TrainSettings
 from fedseg.methods.training import Precision
 
@@ -71,7 +74,11 @@ class InMemoryLink:
     """Sites held in this process, trained one after another on one device.
 
     All sites share one workspace model; a site's private state holds only what its method
-    keeps private, so memory grows with private state only.
+    keeps private, so memory grows with private state only. With ``state_root`` the private
+    states live on disk instead (``state_root/<site>/<run uid>/``, the state before round 1
+    and the newest ``keep`` rounds, :class:`~fedseg.engine.site_state.SiteStateStore`), read
+    when the site trains or is evaluated: memory then holds none of them and the checkpoint
+    records only which round each site's file holds.
     """
 
     engine = "inprocess"
@@ -87,8 +94,11 @@ class InMemoryLink:
         device: torch.device | str = "cpu",
         eval_batch_size: int = 16,
         precision: Precision | None = None,
+        state_root: Path | None = None,
+        keep: int = 2,
     ) -> None:
         self.spec, self.sites, self.regions = spec, dict(sites), dict(regions)
+        self.state_root, self.keep = state_root, keep
         self.train_cfg, self.seed, self.device = train, seed, torch.device(device)
         self.eval_batch_size = eval_batch_size
         self.precision = precision or Precision()
@@ -107,22 +117,31 @@ class InMemoryLink:
         model = initial_model(method, self.seed, self.device)
         download = method.download_template(model)
         train_sites = {POOLED: pooled_site(self.sites)} if method.pooled else self.sites
-        self.workers = {
-            name: SiteWorker(
+        self.workers = {}
+        for name, data in train_sites.items():
+            disk = self.state_root is not None
+            worker = self.workers[name] = SiteWorker(
                 method,
                 data,
                 train=self.train_cfg,
                 seed=self.seed,
                 device=self.device,
                 model=model,
-                store=MemoryStore(),
+                store=self._disk_store(name, run_uid) if disk else MemoryStore(),
                 regions=self.regions,
                 precision=self.precision,
                 eval_batch_size=self.eval_batch_size,
                 download=download,
             )
-            for name, data in train_sites.items()
-        }
+            if disk:  # the state before round 1 on disk too: memory holds no state
+                store: SiteStateStore = worker.store  # type: ignore[assignment]
+                if worker.initial is not None and -1 not in store.rounds():
+                    store.save(-1, worker.initial)
+                worker.initial = None
+
+    def _disk_store(self, name: str, run_uid: str) -> SiteStateStore:
+        assert self.state_root is not None
+        return SiteStateStore(self.state_root / name / (run_uid or "run"), self.keep, cache=False)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -150,6 +169,13 @@ class InMemoryLink:
         return out
 
     def state_dict(self) -> dict[str, Any]:
+        """Each site's newest private state (with states on disk: ``{"on_disk": round}``,
+        the round whose file holds it)."""
+        if self.state_root is not None:
+            return {
+                name: {"on_disk": w.store.rounds()[-1]}  # type: ignore[attr-defined]
+                for name, w in self.workers.items()
+            }
         return {
             name: w.store.saved  # type: ignore[attr-defined]
             for name, w in self.workers.items()
@@ -157,4 +183,14 @@ class InMemoryLink:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         for name, saved in state.items():
-            self.workers[name].store.saved = None if saved is None else tuple(saved)  # type: ignore[attr-defined]
+            store = self.workers[name].store
+            if isinstance(saved, Mapping) and "on_disk" in saved:
+                if not isinstance(store, SiteStateStore):
+                    raise DataError(f"checkpoint: site {name!r} keeps its state on disk")
+                if saved["on_disk"] not in store.rounds():
+                    raise DataError(
+                        f"{store.path(saved['on_disk'])}: site {name!r}'s private state, "
+                        f"which the checkpoint names, is missing; found {store.rounds()}"
+                    )
+            else:
+                store.saved = None if saved is None else tuple(saved)  # type: ignore[attr-defined]

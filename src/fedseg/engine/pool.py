@@ -186,6 +186,8 @@ class ParallelLink(InMemoryLink):
         if workers < 1:
             raise ConfigError(f"engine.workers must be at least 1, got {workers}")
         super().__init__(spec, sites, regions, **settings)
+        if self.state_root is not None:
+            raise ConfigError("engine.site_states: disk runs the sites in this process (workers 1)")
         self.num_workers = workers
         self.threads = threads or max(1, torch.get_num_threads() // workers)
         self._slots: list[_Slot] = []

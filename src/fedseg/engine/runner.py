@@ -65,5 +65,7 @@ class InProcessRunner:
             workers=cfg.engine.workers,
             threads=cfg.engine.threads,
             precision=Precision(cfg.engine.amp, cfg.engine.channels_last),
+            state_root=self.dir.path / "sites" if cfg.engine.site_states == "disk" else None,
+            keep=cfg.engine.checkpoint_every + 1,
         )
         return Federation(cfg, link, self.dir.path, spec.site_names).run(resume, on_round)

@@ -2,7 +2,7 @@
 
 * :mod:`~fedseg.engine.flower.records`: payloads and metrics as Flower records.
 * :mod:`~fedseg.engine.flower.site`: a site's side (a :class:`~fedseg.engine.worker.SiteWorker`
-  over its own data); :mod:`~fedseg.engine.flower.site_state` keeps the private state on the
+  over its own data); :mod:`~fedseg.engine.site_state` keeps the private state on the
   site's disk.
 * :mod:`~fedseg.engine.flower.link`: the engine's round loop (:mod:`fedseg.engine.loop`, the
   same as in-process) over Flower messages, with any transport.

@@ -2,7 +2,7 @@
 
 Every message is answered by a :class:`~fedseg.engine.worker.SiteWorker` (the same class the
 in-process engine uses) over this site's data, with the private state kept in files on the
-site's disk (:class:`~fedseg.engine.flower.site_state.SiteStateStore`). The handlers take and
+site's disk (:class:`~fedseg.engine.site_state.SiteStateStore`). The handlers take and
 return Flower ``RecordDict`` bodies and know nothing else about Flower, so tests can drive
 them in-process.
 
@@ -40,8 +40,8 @@ from fedseg.engine.flower.records import (
     read_payload,
 )
 from fedseg.engine.flower.settings import SiteConfig, run_config_of
-from fedseg.engine.flower.site_state import SiteStateStore
 from fedseg.engine.server import spec_from_json
+from fedseg.engine.site_state import SiteStateStore
 from fedseg.engine.sites import load_sites
 from fedseg.engine.worker import SiteWorker, initial_model
 from fedseg.errors import ConfigError, DataError, UploadError

@@ -1,11 +1,13 @@
-"""A site's private state on its own disk, one atomic file per finished round.
+"""A site's private state on disk, one atomic file per finished round: a Flower site's own
+store, and the in-process engine's with ``engine.site_states: disk``.
 
 After its client step of round ``r`` a site writes ``round-<r>.pt`` (atomically: a crash
 leaves the old files intact) and prunes all but the newest ``keep`` files. A step of round
 ``r`` always starts from the newest state of an *earlier* round, so a server that resumes
 from an older checkpoint and replays a round gets the same inputs as the first time. The
 state this store saved last is also kept in memory, so a long-lived site process does not
-read back the file it has just written.
+read back the file it has just written (``cache=False``: nothing is kept in memory). The
+state before round 1 may be saved as round -1 (``initial.pt``, never pruned).
 """
 
 from __future__ import annotations
@@ -31,20 +33,22 @@ class SiteStateStore:
 
     replays = True
 
-    def __init__(self, root: Path, keep: int = 2) -> None:
+    def __init__(self, root: Path, keep: int = 2, cache: bool = True) -> None:
         self.root = Path(root)
         self.keep = max(keep, 1)
+        self.cache = cache
         self._last: tuple[int, dict[str, Any]] | None = None
 
     def rounds(self) -> list[int]:
-        """Rounds with a saved state, oldest first."""
+        """Rounds with a saved state, oldest first (-1: the state before round 1)."""
         if not self.root.is_dir():
             return []
         found = (_FILE.match(p.name) for p in self.root.iterdir())
-        return sorted(int(m.group(1)) for m in found if m)
+        initial = [-1] if self.path(-1).is_file() else []
+        return initial + sorted(int(m.group(1)) for m in found if m)
 
     def path(self, r: int) -> Path:
-        return self.root / f"round-{r:05d}.pt"
+        return self.root / ("initial.pt" if r < 0 else f"round-{r:05d}.pt")
 
     def save(self, r: int, state: dict[str, Any]) -> Path:
         """Write the state after round ``r`` and keep only the newest ``keep`` files."""
@@ -52,9 +56,10 @@ class SiteStateStore:
         torch.save(state, buf)
         path = self.path(r)
         atomic_write_bytes(path, buf.getvalue())
-        for old in self.rounds()[: -self.keep]:
+        for old in [k for k in self.rounds() if k >= 0][: -self.keep]:
             self.path(old).unlink(missing_ok=True)
-        self._last = (r, state)
+        if self.cache:
+            self._last = (r, state)
         return path
 
     def latest_before(self, r: int) -> tuple[int, dict[str, Any]] | None:
