@@ -106,22 +106,13 @@ class EngineSettings(_Strict):
     ``memory`` (in the checkpoint too), or on ``disk`` in ``RUN/sites/<site>/<run id>/`` (the
     state before round 1 and the newest ``checkpoint_every + 1`` rounds, read when the site
     trains or is evaluated; the checkpoint records which round each file holds), for
-    federations whose private states do not fit in memory. Sites run one after another
-    (``workers: 1``). Results are identical."""
+    federations whose private states do not fit in memory; with ``workers`` the worker
+    processes read and write the files. Results are identical."""
     backend: str | dict[str, Any] = "inprocess"
     """Where the sites run: ``inprocess`` (default: one process, sites one after another) or
     ``flower-sim`` (Flower's Ray-based simulation engine, sites in parallel), or a mapping
     with per-site resources, e.g. ``{name: flower-sim, cpus: 1, gpus: 0.25, ray_address:
     auto}`` (docs/deployment.md)."""
-
-    @model_validator(mode="after")
-    def _disk_states_run_sequentially(self) -> EngineSettings:
-        if self.site_states == "disk" and self.workers > 1:
-            raise ValueError(
-                f"site_states: disk runs the sites one after another; set workers: 1 "
-                f"(got workers: {self.workers})"
-            )
-        return self
 
     @field_validator("backend")
     @classmethod

@@ -7,7 +7,7 @@ import torch
 
 from fedseg.config import parse_config
 from fedseg.engine.runner import InProcessRunner
-from fedseg.errors import ConfigError, DataError
+from fedseg.errors import DataError
 from fedseg.inference import RunModels
 
 
@@ -31,7 +31,7 @@ def _cfg(root: Path, states: str, **engine):
             "method": {"name": "fedlppa"},
             "train": {"rounds": 3, "local_iters": 2, "batch_size": 4},
             "eval": {"save_models": False},
-            "engine": {"device": "cpu", "site_states": states, **engine},
+            "engine": {"device": "cpu", "threads": 1, "site_states": states, **engine},
         }
     )
 
@@ -95,6 +95,16 @@ def test_a_missing_state_file_is_named_on_resume(fed_root, tmp_path):
         InProcessRunner(_cfg(fed_root, "disk"), run).run(resume=True)
 
 
-def test_disk_states_need_one_worker(fed_root):
-    with pytest.raises(ConfigError, match=r"engine: site_states: disk .* set workers: 1"):
-        _cfg(fed_root, "disk", workers=2)
+def test_worker_processes_read_and_write_the_files(fed_root, tmp_path, in_memory):
+    """With ``workers: 2`` the worker processes keep the states in the site folders;
+    the results stay those of the sequential engine with states in memory."""
+    run = tmp_path / "parallel"
+    res = InProcessRunner(_cfg(fed_root, "disk", workers=2), run).run()
+    assert res["sites"] == in_memory[0]["sites"]
+    for site in ("A", "B", "C"):
+        (folder,) = (run / "sites" / site).iterdir()
+        assert sorted(p.name for p in folder.iterdir()) == [
+            "initial.pt",
+            "round-00001.pt",
+            "round-00002.pt",
+        ]

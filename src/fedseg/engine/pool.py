@@ -20,11 +20,13 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from fedseg.engine.link import Failure, InMemoryLink, Replies
+from fedseg.engine.site_state import SiteStateStore
 from fedseg.engine.sites import POOLED, SiteData
 from fedseg.engine.worker import (
     RELEASED,
@@ -101,9 +103,22 @@ def _payload(packed: tuple[int, bytes | None, frozenset[int]]) -> Payload:
     return cache[token]
 
 
+@dataclass(frozen=True)
+class _OnDisk:
+    """Sent instead of a private state where the sites keep theirs on disk
+    (``engine.site_states: disk``): the site's folder, read and written by the process."""
+
+    root: Path
+    keep: int
+
+
 def _state(w: SiteWorker, saved: Any) -> None:
-    """Set the site's private state, unless the parent says this process holds it."""
-    if not (isinstance(saved, str) and saved == HELD):
+    """Set the site's private state (or its folder), unless the parent says this process
+    holds it."""
+    if isinstance(saved, _OnDisk):
+        if not (isinstance(w.store, SiteStateStore) and w.store.root == saved.root):
+            w.store = SiteStateStore(saved.root, saved.keep, cache=False)
+    elif not (isinstance(saved, str) and saved == HELD):
         w.store.saved = saved  # type: ignore[attr-defined]
 
 
@@ -114,7 +129,8 @@ def _train(blob: bytes) -> bytes:
     w.train_cfg = train
     _state(w, saved)
     res, start = w.train(r, payload)
-    return pickle.dumps((TrainReply(res.upload, res.metrics, start), w.store.saved))  # type: ignore[attr-defined]
+    new = None if isinstance(w.store, SiteStateStore) else w.store.saved  # type: ignore[attr-defined]
+    return pickle.dumps((TrainReply(res.upload, res.metrics, start), new))
 
 
 def _evaluate(blob: bytes) -> bytes:
@@ -186,8 +202,6 @@ class ParallelLink(InMemoryLink):
         if workers < 1:
             raise ConfigError(f"engine.workers must be at least 1, got {workers}")
         super().__init__(spec, sites, regions, **settings)
-        if self.state_root is not None:
-            raise ConfigError("engine.site_states: disk runs the sites in this process (workers 1)")
         self.num_workers = workers
         self.threads = threads or max(1, torch.get_num_threads() // workers)
         self._slots: list[_Slot] = []
@@ -198,8 +212,9 @@ class ParallelLink(InMemoryLink):
     def bind(self, method: Method, run_uid: str = "") -> None:
         self.close()
         super().bind(method, run_uid)
-        for w in self.workers.values():
-            w.store = _CountedStore()
+        if self.state_root is None:
+            for w in self.workers.values():
+                w.store = _CountedStore()
         self._method = method
 
     def _start_slots(self) -> list[_Slot]:
@@ -234,14 +249,19 @@ class ParallelLink(InMemoryLink):
         private state (:data:`HELD` if the process holds the current one)."""
         w = self.workers[name]
         fresh = name not in slot.has
-        store: _CountedStore = w.store  # type: ignore[assignment]
-        held = slot.states.get(name) == store.version
-        slot.states[name] = store.version
+        store = w.store
+        if isinstance(store, SiteStateStore):
+            saved: Any = _OnDisk(store.root, store.keep)
+        else:
+            counted: _CountedStore = store  # type: ignore[assignment]
+            held = slot.states.get(name) == counted.version
+            slot.states[name] = counted.version
+            saved = HELD if held else counted.saved
         return (
             name,
             w.data if fresh else None,
             (RELEASED if w.initial is None else w.initial) if fresh else None,
-            HELD if held else store.saved,
+            saved,
         )
 
     def _token(self, p: Payload) -> int:
@@ -295,11 +315,13 @@ class ParallelLink(InMemoryLink):
         ]
         out: dict[str, TrainReply | Failure] = {}
         for name, ((reply, saved), slot) in self._run(jobs).items():
+            out[name] = reply
+            if self.state_root is not None:  # the process wrote the site's file
+                continue
             store: _CountedStore = self.workers[name].store  # type: ignore[assignment]
             store.saved = saved
             self.workers[name].initial = None  # the store never goes back to it
             slot.states[name] = store.version  # the process holds the state it returned
-            out[name] = reply
         return out
 
     def evaluate(
