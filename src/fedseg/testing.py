@@ -1,17 +1,21 @@
-"""In-memory toy federations for tests of methods and engines (no disk, no network).
+"""Toy federations for tests of methods and engines (no network).
 
-Each site holds random images with one bright disc per image whose brightness and contrast
-depend on the site, full masks, and sparse "weak" labels (a few labeled pixels per class).
+:func:`toy_federation` is in memory: each site holds random images with one bright disc per
+image whose brightness and contrast depend on the site, full masks, and sparse "weak" labels
+(a few labeled pixels per class). :func:`synth_folder` writes a small synthetic federation
+folder with weak labels, as ``fedseg data synth`` does.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 
 from fedseg.engine.sites import SiteData
 from fedseg.methods import FederationSpec, SiteSpec
 
-__all__ = ["toy_federation"]
+__all__ = ["synth_folder", "toy_federation"]
 
 ANNOTATIONS = ("scribble", "point", "block", "scribble2", "box")
 SPARSITY = {
@@ -95,3 +99,16 @@ def toy_federation(
         image_size=(size,) * ndim,
     )
     return fed, sites
+
+
+def synth_folder(
+    root: Path, task: str, *, sites: int = 3, size: int = 32, per_site: int = 10
+) -> Path:
+    """A synthetic ``task`` federation of ``sites`` sites with weak labels in ``root``
+    (seed 0); returns ``root``."""
+    from fedseg.data.synth import synthesize
+    from fedseg.data.weak import generate_weak_labels
+
+    synthesize(task, root, sites=sites, size=size, per_site=per_site, seed=0)
+    generate_weak_labels(root, seed=0)
+    return root

@@ -9,17 +9,12 @@ from fedseg.config import parse_config
 from fedseg.engine.runner import InProcessRunner
 from fedseg.errors import DataError
 from fedseg.inference import RunModels
+from fedseg.testing import synth_folder
 
 
 @pytest.fixture(scope="module")
 def fed_root(tmp_path_factory) -> Path:
-    from fedseg.data.synth import synthesize
-    from fedseg.data.weak import generate_weak_labels
-
-    root = tmp_path_factory.mktemp("fed") / "fundus"
-    synthesize("fundus", root, sites=3, size=32, per_site=10, seed=0)
-    generate_weak_labels(root, seed=0)
-    return root
+    return synth_folder(tmp_path_factory.mktemp("fed") / "fundus", "fundus", per_site=10)
 
 
 def _cfg(root: Path, states: str, **engine):
@@ -46,6 +41,18 @@ class Crash(Exception):
     pass
 
 
+def _crash_after(root: Path, run: Path, rounds: int) -> Path:
+    """A disk-state run into ``run`` that crashes after round ``rounds`` (1-based)."""
+
+    def crash(record):
+        if record["round"] == rounds - 1:
+            raise Crash
+
+    with pytest.raises(Crash):
+        InProcessRunner(_cfg(root, "disk"), run).run(on_round=crash)
+    return run
+
+
 def test_disk_states_give_the_results_of_memory_and_stay_out_of_the_checkpoint(
     fed_root, tmp_path, in_memory
 ):
@@ -70,25 +77,13 @@ def test_disk_states_give_the_results_of_memory_and_stay_out_of_the_checkpoint(
 
 
 def test_a_crash_resumes_from_the_files_to_the_same_results(fed_root, tmp_path, in_memory):
-    def crash_after_round_2(record):
-        if record["round"] == 1:
-            raise Crash
-
-    run = tmp_path / "crashed"
-    with pytest.raises(Crash):
-        InProcessRunner(_cfg(fed_root, "disk"), run).run(on_round=crash_after_round_2)
+    run = _crash_after(fed_root, tmp_path / "crashed", 2)
     resumed = InProcessRunner(_cfg(fed_root, "disk"), run).run(resume=True)
     assert resumed["sites"] == in_memory[0]["sites"]
 
 
 def test_a_missing_state_file_is_named_on_resume(fed_root, tmp_path):
-    def crash_after_round_1(record):
-        if record["round"] == 0:
-            raise Crash
-
-    run = tmp_path / "crashed"
-    with pytest.raises(Crash):
-        InProcessRunner(_cfg(fed_root, "disk"), run).run(on_round=crash_after_round_1)
+    run = _crash_after(fed_root, tmp_path / "crashed", 1)
     (folder,) = (run / "sites" / "B").iterdir()
     (folder / "round-00000.pt").unlink()
     with pytest.raises(DataError, match=r"round-00000\.pt: site 'B'"):

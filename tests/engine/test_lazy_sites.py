@@ -10,17 +10,12 @@ from fedseg.config import parse_config
 from fedseg.data import FederatedDataset
 from fedseg.engine.runner import InProcessRunner
 from fedseg.engine.sites import LazySiteData, load_sites
+from fedseg.testing import synth_folder
 
 
 @pytest.fixture(scope="module")
 def fed_root(tmp_path_factory) -> Path:
-    from fedseg.data.synth import synthesize
-    from fedseg.data.weak import generate_weak_labels
-
-    root = tmp_path_factory.mktemp("fed") / "faz"
-    synthesize("faz", root, sites=3, size=32, per_site=10, seed=0)
-    generate_weak_labels(root, seed=0)
-    return root
+    return synth_folder(tmp_path_factory.mktemp("fed") / "faz", "faz", per_site=10)
 
 
 def test_lazy_site_reads_on_use_drops_on_release_and_pickles_empty(fed_root):

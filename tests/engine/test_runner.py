@@ -9,17 +9,12 @@ from fedseg.engine.runner import InProcessRunner
 from fedseg.errors import ConfigError
 from fedseg.metrics import METRICS
 from fedseg.outputs import write_run_outputs
+from fedseg.testing import synth_folder
 
 
 @pytest.fixture(scope="module")
 def fed_root(tmp_path_factory) -> Path:
-    from fedseg.data.synth import synthesize
-    from fedseg.data.weak import generate_weak_labels
-
-    root = tmp_path_factory.mktemp("fed") / "fundus"
-    synthesize("fundus", root, sites=3, size=32, per_site=12, seed=0)
-    generate_weak_labels(root, seed=0)
-    return root
+    return synth_folder(tmp_path_factory.mktemp("fed") / "fundus", "fundus", per_site=12)
 
 
 def _cfg(root: Path, method: str = "fedavg", rounds: int = 3, **train):
