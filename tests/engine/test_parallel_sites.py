@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from fedseg.config import RunConfig
 from fedseg.engine.pool import ParallelLink
 from fedseg.engine.simulation import Simulation
-from fedseg.methods import TrainSettings, get_method
+from fedseg.methods import Payload, TrainSettings, get_method
 from fedseg.testing import toy_federation
 
 TRAIN = TrainSettings(rounds=2, local_iters=2, batch_size=4)
@@ -114,8 +114,8 @@ def test_worker_processes_are_not_sent_what_they_hold(monkeypatch: pytest.Monkey
         states.append(isinstance(out[3], str) and out[3] == pool.HELD)
         return out
 
-    def recorded_pack(self, payloads):  # type: ignore[no-untyped-def]
-        packed = pack(self, payloads)
+    def recorded_pack(self, payloads, uses=None):  # type: ignore[no-untyped-def]
+        packed = pack(self, payloads, uses)
 
         def inner(site, slot):  # type: ignore[no-untyped-def]
             out = packed(site, slot)
@@ -140,3 +140,50 @@ def test_worker_processes_are_not_sent_what_they_hold(monkeypatch: pytest.Monkey
     assert first == 4 and len(states) == 8  # 2 sites x (train + evaluate) per round
     assert not any(states[:2])  # round 1: every process gets the initial state
     assert any(states[first:]) and any(blobs)
+
+
+def test_a_request_pickles_each_payload_once_and_processes_keep_a_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A payload shared by sites is pickled once per request and dropped after its last job;
+    a process keeps the payloads of the request up to PAYLOAD_CACHE_BYTES (least recently
+    used dropped first), and is told which it keeps."""
+    from fedseg.engine import pool
+
+    shared = Payload({"w": torch.zeros(100)})
+    own = Payload({"w": torch.ones(100)})
+    tokens = {"s0": 1, "s1": 1, "s2": 1, "s3": 2}
+    payloads = {"s0": shared, "s1": shared, "s2": shared, "s3": own}
+    a, b = pool._Slot(None), pool._Slot(None)  # type: ignore[arg-type]
+    packer = pool._Packer(tokens, payloads)
+    t0, blob0, keep0 = packer("s0", a)
+    assert (t0, keep0) == (1, frozenset({1})) and 1 in packer.blobs
+    _, blob1, _ = packer("s1", b)
+    assert blob1 is blob0  # pickled once
+    _, blob2, keep2 = packer("s2", a)
+    assert blob2 is None and keep2 == {1}  # a holds it: token only
+    assert packer.blobs == {}  # the shared payload's last job: dropped
+    monkeypatch.setattr(pool, "PAYLOAD_CACHE_BYTES", len(blob0) + 1)
+    _, blob3, keep3 = packer("s3", a)  # over the budget: a drops the older payload
+    assert blob3 is not None and keep3 == {2}
+    assert list(a.payloads) == [2] and packer.blobs == {}
+    # the next request: payloads not in it are dropped, a held one goes by token
+    again = pool._Packer({"s3": 2}, {"s3": own})
+    assert again("s3", a)[1] is None and list(a.payloads) == [2]
+    fresh = pool._Packer({"s3": 2}, {"s3": own})
+    _, blob, keep = fresh("s3", b)  # b held the shared payload only: dropped, s3 sent
+    assert blob is not None and keep == {2} and list(b.payloads) == [2]
+
+
+def test_processes_with_a_small_payload_budget_give_the_same_results(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With room for one payload per process, FedLPPA's per-site payloads are sent again
+    when needed; results stay those of the sequential engine."""
+    from fedseg.engine import pool
+
+    monkeypatch.setattr(pool, "PAYLOAD_CACHE_BYTES", 1)
+    seq, _, seq_ev = _run("fedlppa", 1)
+    par, _, par_ev = _run("fedlppa", 2)
+    _assert_equal(seq.states, par.states, "private states")
+    _assert_equal(seq_ev, par_ev, "evaluation")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import pickle
 import weakref
-from collections import deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -83,14 +83,20 @@ def _worker(name: str, data: SiteData | None, initial: Any) -> SiteWorker:
     return workers[name]
 
 
+PAYLOAD_CACHE_BYTES = 1 << 30
+"""Pickled size of the payloads a worker process keeps for reuse; beyond it the least
+recently used are dropped (per-site payloads of a large federation would otherwise pile up
+in every process) and sent again when needed."""
+
 HELD = "held"
 """Sent instead of a site's private state that the worker process already holds."""
 
 
 def _payload(packed: tuple[int, bytes | None, frozenset[int]]) -> Payload:
-    """The payload of ``packed`` = (token, pickled payload or None, tokens of the request),
-    unpickled once per process and kept while the server keeps sending it (the payload
-    evaluated after round r is the one trained in round r + 1): sites sharing one payload
+    """The payload of ``packed`` = (token, pickled payload or None, tokens this process
+    keeps), unpickled once per process and kept while the server keeps sending it (the
+    payload evaluated after round r is the one trained in round r + 1) and the server's
+    record of this process keeps it (:data:`PAYLOAD_CACHE_BYTES`): sites sharing one payload
     object in the server share one here too (validated once)."""
     token, blob, alive = packed
     cache: dict[int, Payload] = _CHILD.setdefault("payloads", {})
@@ -153,7 +159,9 @@ class _Slot:
     pool: ProcessPoolExecutor
     has: set[str] = field(default_factory=set)
     states: dict[str, int] = field(default_factory=dict)
-    payloads: set[int] = field(default_factory=set)
+    payloads: OrderedDict[int, int] = field(default_factory=OrderedDict)
+    """Tokens of the payloads the process keeps, least recently used first, with their
+    pickled sizes."""
 
 
 @dataclass
@@ -182,6 +190,46 @@ class _CountedStore(MemoryStore):
     def saved(self, value: tuple[int, Any] | None) -> None:
         self._saved = value
         self.version += 1
+
+
+class _Packer:
+    """What a request sends a process for a site's payload: ``(token, the payload pickled or
+    None if the process holds it, the tokens the process keeps afterwards)``. A payload is
+    pickled once per request and dropped after its last job; a process keeps the payloads of
+    this request up to :data:`PAYLOAD_CACHE_BYTES`, least recently used dropped first."""
+
+    def __init__(
+        self,
+        tokens: Mapping[str, int],
+        payloads: Mapping[str, Payload],
+        uses: Mapping[str, int] | None = None,
+    ) -> None:
+        self.tokens, self.payloads = dict(tokens), payloads
+        self.alive = frozenset(self.tokens.values())
+        self.left: Counter[int] = Counter()
+        for site, token in self.tokens.items():
+            self.left[token] += 1 if uses is None else uses[site]
+        self.blobs: dict[int, bytes] = {}
+        """Pickled payloads that jobs still to come may need."""
+
+    def __call__(self, site: str, slot: _Slot) -> tuple[int, bytes | None, frozenset[int]]:
+        token, held = self.tokens[site], slot.payloads
+        for gone in [t for t in held if t not in self.alive]:
+            del held[gone]
+        self.left[token] -= 1
+        blob: bytes | None = None
+        if token in held:
+            held.move_to_end(token)
+        else:
+            blob = self.blobs.get(token) or pickle.dumps(self.payloads[site])
+            held[token] = len(blob)
+            while len(held) > 1 and sum(held.values()) > PAYLOAD_CACHE_BYTES:
+                held.popitem(last=False)
+        if self.left[token] <= 0:
+            self.blobs.pop(token, None)
+        elif blob is not None:
+            self.blobs[token] = blob
+        return token, blob, frozenset(held)
 
 
 class ParallelLink(InMemoryLink):
@@ -274,26 +322,10 @@ class ParallelLink(InMemoryLink):
         return known[0]
 
     def _pack(
-        self, payloads: Mapping[str, Payload]
-    ) -> Callable[[str, _Slot], tuple[int, bytes | None, frozenset[int]]]:
-        """For a site and a process: its payload's token, the payload pickled (once per
-        request) unless the process holds it, and the tokens of this request (the process
-        drops the others)."""
-        tokens = {site: self._token(p) for site, p in payloads.items()}
-        alive = frozenset(tokens.values())
-        blobs: dict[int, bytes] = {}
-
-        def packed(site: str, slot: _Slot) -> tuple[int, bytes | None, frozenset[int]]:
-            token = tokens[site]
-            slot.payloads &= alive
-            if token in slot.payloads:
-                return token, None, alive
-            slot.payloads.add(token)
-            if token not in blobs:
-                blobs[token] = pickle.dumps(payloads[site])
-            return token, blobs[token], alive
-
-        return packed
+        self, payloads: Mapping[str, Payload], uses: Mapping[str, int] | None = None
+    ) -> _Packer:
+        """The packer of one request (``uses``: jobs per site, default 1)."""
+        return _Packer({site: self._token(p) for site, p in payloads.items()}, payloads, uses)
 
     def train(self, r: int, payloads: Mapping[str, Payload]) -> Replies:
         if self.num_workers == 1 or len(payloads) < 2:
@@ -332,7 +364,7 @@ class ParallelLink(InMemoryLink):
         ]
         if self.num_workers == 1 or len(pairs) < 2 or split != "test":  # val: small, in here
             return super().evaluate(r, payloads, split)
-        packed = self._pack(payloads)
+        packed = self._pack(payloads, Counter(name for name, _ in pairs))
         jobs = [
             _Job(
                 real,
