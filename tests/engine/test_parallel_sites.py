@@ -187,3 +187,29 @@ def test_processes_with_a_small_payload_budget_give_the_same_results(
     par, _, par_ev = _run("fedlppa", 2)
     _assert_equal(seq.states, par.states, "private states")
     _assert_equal(seq_ev, par_ev, "evaluation")
+
+
+def test_parallel_replies_come_one_by_one_in_site_order() -> None:
+    """The worker pool hands replies over as they come back, in site order, so the server
+    reduces (and drops) each upload while later sites train: of 6 uploads, at most the
+    workers' few are alive at once."""
+    import gc
+    import weakref
+
+    spec, sites = toy_federation(6, size=32)
+    cls = get_method("fedavg")
+    sim = Simulation(cls(cls.Config(), spec), sites, TRAIN, seed=3, workers=2, threads=1)
+    try:
+        replies = sim.link.train(0, sim.payloads)
+        assert not isinstance(replies, dict)
+        refs, alive, order = [], [], []
+        for name, reply in replies:
+            order.append(name)
+            refs.append(weakref.ref(reply.upload.tensors["decoder.head.weight"]))
+            del reply
+            gc.collect()
+            alive.append(sum(r() is not None for r in refs))
+    finally:
+        sim.close()
+    assert order == list(sim.payloads)
+    assert max(alive) <= 3

@@ -17,7 +17,7 @@ import multiprocessing as mp
 import pickle
 import weakref
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -345,16 +345,19 @@ class ParallelLink(InMemoryLink):
             )
             for name in payloads
         ]
-        out: dict[str, TrainReply | Failure] = {}
-        for name, ((reply, saved), slot) in self._run(jobs).items():
-            out[name] = reply
-            if self.state_root is not None:  # the process wrote the site's file
-                continue
-            store: _CountedStore = self.workers[name].store  # type: ignore[assignment]
-            store.saved = saved
-            self.workers[name].initial = None  # the store never goes back to it
-            slot.states[name] = store.version  # the process holds the state it returned
-        return out
+        return self._replies(jobs)
+
+    def _replies(self, jobs: list[_Job]) -> Iterator[tuple[str, TrainReply | Failure]]:
+        """Training replies in the order of ``jobs``, each handed over as soon as it and
+        those before it are back, so the server aggregates (and drops) uploads while later
+        sites still train."""
+        for name, (reply, saved), slot in self._in_order(jobs):
+            if self.state_root is None:  # else the process wrote the site's file
+                store: _CountedStore = self.workers[name].store  # type: ignore[assignment]
+                store.saved = saved
+                self.workers[name].initial = None  # the store never goes back to it
+                slot.states[name] = store.version  # the process holds the state it returned
+            yield name, reply
 
     def evaluate(
         self, r: int, payloads: Mapping[str, Payload], split: str = "test"
@@ -387,22 +390,43 @@ class ParallelLink(InMemoryLink):
     def _run(self, jobs: list[_Job]) -> dict[str, tuple[Any, _Slot]]:
         """Run ``jobs`` on the worker processes, each on the next free one; (result, slot
         that ran it) by key in the order of ``jobs``."""
+        return {key: (result, slot) for key, result, slot in self._in_order(jobs)}
+
+    def _in_order(self, jobs: list[_Job]) -> Iterator[tuple[str, Any, _Slot]]:
+        """Run ``jobs`` on the worker processes, each on the next free one; yield (key,
+        result, slot that ran it) in the order of ``jobs`` as soon as each is back (results
+        that come back early wait). Left early, it waits for the running jobs and forgets
+        which private states their processes hold."""
         slots = self._start_slots()
         pending, running = deque(jobs), {}
         free = list(slots)
-        results: dict[str, tuple[Any, _Slot]] = {}
-        while pending or running:
-            while pending and free:
-                job, slot = pending.popleft(), free.pop(0)
-                blob = pickle.dumps(job.args(slot))
-                slot.has.update(job.sends)
-                running[slot.pool.submit(job.fn, blob)] = (job, slot)
-            done, _ = wait(list(running), return_when=FIRST_COMPLETED)
-            for fut in done:
-                job, slot = running.pop(fut)
-                free.append(slot)
-                results[job.key] = (pickle.loads(fut.result()), slot)
-        return {job.key: results[job.key] for job in jobs}
+        done_early: dict[str, tuple[Any, _Slot]] = {}
+        order = deque(job.key for job in jobs)
+        try:
+            while order:
+                while pending and free:
+                    job, slot = pending.popleft(), free.pop(0)
+                    blob = pickle.dumps(job.args(slot))
+                    slot.has.update(job.sends)
+                    running[slot.pool.submit(job.fn, blob)] = (job, slot)
+                while order and order[0] in done_early:
+                    key = order.popleft()
+                    yield key, *done_early.pop(key)
+                if not order:
+                    break
+                done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+                for fut in done:
+                    job, slot = running.pop(fut)
+                    free.append(slot)
+                    done_early[job.key] = (pickle.loads(fut.result()), slot)
+        finally:
+            if running:
+                wait(list(running))
+                for job, slot in running.values():
+                    for site in job.sends:
+                        slot.states.pop(site, None)
+            for key, (_, slot) in done_early.items():
+                slot.states.pop(key, None)
 
 
 def _shutdown(slots: list[_Slot]) -> None:
