@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -34,6 +33,7 @@ from fedseg.data.importers.nifti import load_volume as load_ras_volume
 from fedseg.data.manifest import Manifest
 from fedseg.engine.link import InMemoryLink
 from fedseg.engine.rundir import RunDir
+from fedseg.engine.runner import site_state_settings
 from fedseg.engine.server import ServerCore, make_method, spec_from_json
 from fedseg.engine.sites import SiteData, load_sites
 from fedseg.engine.worker import initial_model
@@ -185,7 +185,6 @@ class RunModels:
     def link(self) -> InMemoryLink:
         """The in-memory sites with their checkpointed private states (read from the run's
         ``sites/`` folder where the run kept them on disk, ``engine.site_states: disk``)."""
-        on_disk = any(isinstance(v, Mapping) and "on_disk" in v for v in self._site_states.values())
         link = InMemoryLink(
             self.spec,
             self.sites,
@@ -194,8 +193,7 @@ class RunModels:
             seed=self.cfg.seed,
             device=self.device,
             eval_batch_size=self.cfg.eval.batch_size,
-            state_root=self.dir.path / "sites" if on_disk else None,
-            keep=self.cfg.engine.checkpoint_every + 1,
+            **site_state_settings(self.cfg, self.dir.path),
         )
         link.bind(self.method, self._run_uid)
         missing = sorted(set(link.workers) - set(self._site_states))

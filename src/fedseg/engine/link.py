@@ -117,9 +117,9 @@ class InMemoryLink:
         model = initial_model(method, self.seed, self.device)
         download = method.download_template(model)
         train_sites = {POOLED: pooled_site(self.sites)} if method.pooled else self.sites
+        disk = self.state_root is not None
         self.workers = {}
         for name, data in train_sites.items():
-            disk = self.state_root is not None
             worker = self.workers[name] = SiteWorker(
                 method,
                 data,

@@ -20,7 +20,6 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -109,21 +108,12 @@ def _payload(packed: tuple[int, bytes | None, frozenset[int]]) -> Payload:
     return cache[token]
 
 
-@dataclass(frozen=True)
-class _OnDisk:
-    """Sent instead of a private state where the sites keep theirs on disk
-    (``engine.site_states: disk``): the site's folder, read and written by the process."""
-
-    root: Path
-    keep: int
-
-
 def _state(w: SiteWorker, saved: Any) -> None:
-    """Set the site's private state (or its folder), unless the parent says this process
-    holds it."""
-    if isinstance(saved, _OnDisk):
-        if not (isinstance(w.store, SiteStateStore) and w.store.root == saved.root):
-            w.store = SiteStateStore(saved.root, saved.keep, cache=False)
+    """Set the site's private state, unless the parent says this process holds it; where
+    the sites keep theirs on disk (``engine.site_states: disk``) the parent sends the site's
+    store, whose files this process reads and writes."""
+    if isinstance(saved, SiteStateStore):
+        w.store = saved
     elif not (isinstance(saved, str) and saved == HELD):
         w.store.saved = saved  # type: ignore[attr-defined]
 
@@ -299,7 +289,7 @@ class ParallelLink(InMemoryLink):
         fresh = name not in slot.has
         store = w.store
         if isinstance(store, SiteStateStore):
-            saved: Any = _OnDisk(store.root, store.keep)
+            saved: Any = store  # no state in memory: the process uses the site's files
         else:
             counted: _CountedStore = store  # type: ignore[assignment]
             held = slot.states.get(name) == counted.version
@@ -351,7 +341,7 @@ class ParallelLink(InMemoryLink):
         """Training replies in the order of ``jobs``, each handed over as soon as it and
         those before it are back, so the server aggregates (and drops) uploads while later
         sites still train."""
-        for name, (reply, saved), slot in self._in_order(jobs):
+        for name, (reply, saved), slot in self._results_in_order(jobs):
             if self.state_root is None:  # else the process wrote the site's file
                 store: _CountedStore = self.workers[name].store  # type: ignore[assignment]
                 store.saved = saved
@@ -390,9 +380,9 @@ class ParallelLink(InMemoryLink):
     def _run(self, jobs: list[_Job]) -> dict[str, tuple[Any, _Slot]]:
         """Run ``jobs`` on the worker processes, each on the next free one; (result, slot
         that ran it) by key in the order of ``jobs``."""
-        return {key: (result, slot) for key, result, slot in self._in_order(jobs)}
+        return {key: (result, slot) for key, result, slot in self._results_in_order(jobs)}
 
-    def _in_order(self, jobs: list[_Job]) -> Iterator[tuple[str, Any, _Slot]]:
+    def _results_in_order(self, jobs: list[_Job]) -> Iterator[tuple[str, Any, _Slot]]:
         """Run ``jobs`` on the worker processes, each on the next free one; yield (key,
         result, slot that ran it) in the order of ``jobs`` as soon as each is back (results
         that come back early wait). Left early, it waits for the running jobs and forgets

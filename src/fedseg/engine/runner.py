@@ -18,7 +18,7 @@ from fedseg.engine.rundir import RunDir
 from fedseg.engine.sites import load_sites
 from fedseg.methods.training import Precision
 
-__all__ = ["InProcessRunner", "loss_summary", "resolve_device"]
+__all__ = ["InProcessRunner", "loss_summary", "resolve_device", "site_state_settings"]
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +28,16 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
+
+
+def site_state_settings(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
+    """Where the in-process link keeps the sites' private states for ``cfg`` in ``run_dir``
+    (``engine.site_states``): ``state_root`` (None: in memory) and ``keep``."""
+    disk = cfg.engine.site_states == "disk"
+    return {
+        "state_root": run_dir / "sites" if disk else None,
+        "keep": cfg.engine.checkpoint_every + 1,
+    }
 
 
 class InProcessRunner:
@@ -65,7 +75,6 @@ class InProcessRunner:
             workers=cfg.engine.workers,
             threads=cfg.engine.threads,
             precision=Precision(cfg.engine.amp, cfg.engine.channels_last),
-            state_root=self.dir.path / "sites" if cfg.engine.site_states == "disk" else None,
-            keep=cfg.engine.checkpoint_every + 1,
+            **site_state_settings(cfg, self.dir.path),
         )
         return Federation(cfg, link, self.dir.path, spec.site_names).run(resume, on_round)
