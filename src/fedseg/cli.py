@@ -335,18 +335,13 @@ def predict(
 ) -> None:
     """Segment new images with a site's model: PNG masks (label values) for images, NIfTI
     masks with the input's header for volumes; see docs/predict.md."""
-    from fedseg.engine.runner import resolve_device
+    from fedseg.engine.device import resolve_device
     from fedseg.errors import ConfigError
     from fedseg.export import load_exported
     from fedseg.inference import RunModels, predict_files
 
     try:
-        try:
-            dev = resolve_device(device)
-        except RuntimeError:
-            raise ConfigError(
-                f"--device must be cpu, cuda, cuda:N or auto, got {device!r}"
-            ) from None
+        dev = resolve_device(device, "--device")
         if source.is_file():
             model = load_exported(source, dev)
             if site is not None and site != model.info.site:

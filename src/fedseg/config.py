@@ -17,6 +17,7 @@ from pydantic import (
     model_validator,
 )
 
+from fedseg.backends import sim_settings
 from fedseg.configs import resolve_config
 from fedseg.errors import ConfigError, RegistryError
 from fedseg.methods import MethodConfig, TrainSettings, get_method
@@ -117,8 +118,6 @@ class EngineSettings(_Strict):
     @field_validator("backend")
     @classmethod
     def _known_backend(cls, v: str | dict[str, Any]) -> str | dict[str, Any]:
-        from fedseg.engine.flower.settings import sim_settings  # imports no Flower
-
         try:
             sim_settings(v)
         except ConfigError as e:

@@ -24,7 +24,7 @@ import yaml
 from typer.testing import CliRunner
 
 from fedseg.cli import app
-from fedseg.data import FederatedDataset
+from fedseg.data import FederatedDataset, check_federation
 from fedseg.errors import DataError
 
 
@@ -366,7 +366,7 @@ def test_failed_import_keeps_the_federation_it_would_replace(tmp_path):
     (tmp_path / "src" / "Domain1" / "train" / "case1.h5").unlink()
     assert _import_h5(tmp_path / "src", tmp_path / "out", "--overwrite")[0] == 0
     fed = FederatedDataset.open(tmp_path / "out")
-    assert fed.manifest.sites[0].splits["train"] == 2 and fed.check() == []
+    assert fed.manifest.sites[0].splits["train"] == 2 and check_federation(fed) == []
     assert (tmp_path / "out" / "notes.txt").read_text() == "mine"  # not part of a federation
 
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedseg.data import FederatedDataset, require_valid
+from fedseg.data import FederatedDataset, check_federation, require_valid
 from fedseg.errors import DataError
 
 
 def problems(root: Path, **kwargs: object) -> list[str]:
-    return [str(p) for p in FederatedDataset.open(root).check(**kwargs)]  # type: ignore[arg-type]
+    return [str(p) for p in check_federation(FederatedDataset.open(root), **kwargs)]  # type: ignore[arg-type]
 
 
 def edit_manifest(root: Path, edit: Callable[[dict], None]) -> None:

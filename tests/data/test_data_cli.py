@@ -8,7 +8,7 @@ from pathlib import Path
 from test_importers import write_case, write_fundus_site, write_h5
 from typer.testing import CliRunner
 
-from fedseg.data import FederatedDataset
+from fedseg.data import FederatedDataset, check_federation
 from fedseg.data.cli import app
 
 runner = CliRunner()
@@ -104,7 +104,7 @@ def test_import_commands(tmp_path: Path) -> None:
         "Domain2=point",
     )
     assert "scribble" in out and "point" in out
-    assert FederatedDataset.open(tmp_path / "a").check(labels="weak") == []
+    assert check_federation(FederatedDataset.open(tmp_path / "a"), labels="weak") == []
 
     write_fundus_site(tmp_path / "png" / "refuge", 4, ".png")
     run(

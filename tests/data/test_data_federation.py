@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedseg.data import FederatedDataset, FederationWriter
+from fedseg.data import FederatedDataset, FederationWriter, check_federation
 from fedseg.errors import DataError
 
 
@@ -137,7 +137,7 @@ def test_writer_shows_the_federation_only_when_finished(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"A/train/b: mask must hold whole class numbers"):
         w.add("A", "train", "b", image, mask + 0.5)
     w.finish({"A": "full"})
-    assert FederatedDataset.open(out).check() == []
+    assert check_federation(FederatedDataset.open(out)) == []
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "sites"]
 
     live = out / f".partial-{os.getpid()}-0c0d"  # an import into `out` still running

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from fedseg.cli import app
-from fedseg.data import FederatedDataset
+from fedseg.data import FederatedDataset, check_federation
 from fedseg.data.importers.nnunet import import_nnunet
 from fedseg.errors import DataError
 
@@ -132,7 +132,7 @@ def test_msd_4d_channels_as_2d_slices_with_sites_from_a_regex(tmp_path: Path) ->
     assert [s.name for s in result.manifest.sites] == ["site0", "site1"]
     assert result.dropped_slices == 3 * (16 - 10)  # the organ spans z = 3..12
     fed = FederatedDataset.open(tmp_path / "fed")
-    assert fed.check() == []
+    assert check_federation(fed) == []
     assert fed.manifest.class_names == ["background", "tumour"] and fed.manifest.channels == 2
     site0 = fed.load("site0", "train")
     assert site0.images.shape == (20, 2, 8, 8)  # cases 0 and 2, 10 slices each

@@ -10,7 +10,7 @@ import nibabel as nib
 import numpy as np
 import pytest
 
-from fedseg.data import FederatedDataset
+from fedseg.data import FederatedDataset, check_federation
 from fedseg.data.importers import import_folder, import_h5, import_nifti
 from fedseg.errors import DataError
 
@@ -61,7 +61,7 @@ def test_import_h5(h5_src: Path, tmp_path: Path) -> None:
     assert m.sites[0].splits == {"train": 4, "val": 2, "test": 2}
     assert m.weak_labels is not None and m.weak_labels.origin == "imported:h5"
     fed = FederatedDataset.open(tmp_path / "fed")
-    assert fed.check(labels="weak") == []
+    assert check_federation(fed, labels="weak") == []
     weak = fed.load("Domain2", "train", "weak")
     assert weak.images.shape == (4, 1, 16, 16)
     assert set(weak.labels.unique().tolist()) == {0, 1, 255}
@@ -123,7 +123,7 @@ def test_import_folder(tmp_path: Path) -> None:
     assert m.sites[1].splits == {"train": 3, "val": 1, "test": 1}
     assert m.regions["disc"] == [1, 2] and m.sites[1].annotation == "box"
     fed = FederatedDataset.open(tmp_path / "fed")
-    assert fed.check() == []
+    assert check_federation(fed) == []
     split = fed.load("drishti", "test")
     assert split.images.shape == (2, 3, 24, 24)
     assert split.images.min() >= 0 and split.images.max() <= 1
@@ -193,7 +193,7 @@ def test_import_nifti_2d_slices(nifti_src: Path, tmp_path: Path) -> None:
     )
     assert result.dropped_slices == 10 * 6
     fed = FederatedDataset.open(tmp_path / "fed")
-    assert fed.check() == []
+    assert check_federation(fed) == []
     site = fed.manifest.sites[1]
     assert site.name == "siemens" and site.splits["test"] == 4  # one case = 4 slices
     train, test = fed.load("siemens", "train"), fed.load("siemens", "test")
@@ -224,7 +224,7 @@ def test_import_nifti_3d_volumes(nifti_src: Path, tmp_path: Path, fit: str, spac
     )
     assert result.manifest.ndim == 3 and result.dropped_slices == 0
     fed = FederatedDataset.open(tmp_path / "fed")
-    assert fed.check() == []
+    assert check_federation(fed) == []
     split = fed.load("philips", "train")
     assert split.images.shape[1:] == (1, 8, 16, 16)
     assert split.spacing[0] == pytest.approx(spacing)
@@ -286,7 +286,7 @@ def test_import_folder_reads_list_file_layouts(tmp_path: Path) -> None:
     assert m.site_names == ["KIRC", "TNBC"]
     assert m.sites[1].splits == {"train": 3, "val": 0, "test": 2}  # val.txt is the eval list
     fed = FederatedDataset.open(tmp_path / "fed")
-    assert fed.check() == []
+    assert check_federation(fed) == []
     assert set(fed.load("TNBC", "test").masks.unique().tolist()) == {0, 1}
     (src / "KIRC" / "train.txt").write_text("KIRC/img/train0.png\n")
     with pytest.raises(DataError, match=r"KIRC/train.txt:1: expected 'image mask'"):

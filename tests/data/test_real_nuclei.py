@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from fedseg.config import parse_config
-from fedseg.data import FederatedDataset
+from fedseg.data import FederatedDataset, check_federation
 from fedseg.data.importers.folder import import_folder
 from fedseg.engine.runner import InProcessRunner
 
@@ -58,7 +58,7 @@ def test_real_nuclei_image_trains_and_scores(tmp_path: Path) -> None:
         tmp_path / "src", tmp_path / "fed", class_names=["background", "nuclei"],
         mapping={0: 0, 255: 1}, size=(64, 64), test_fraction=0.25, seed=0, task="nuclei-real",
     )  # fmt: skip
-    assert FederatedDataset.open(tmp_path / "fed").check() == []
+    assert check_federation(FederatedDataset.open(tmp_path / "fed")) == []
     cfg = parse_config(
         {
             "name": "real-nuclei",

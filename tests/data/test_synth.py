@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedseg.data import FederatedDataset
+from fedseg.data import FederatedDataset, check_federation
 from fedseg.data.synth import SYNTH_TASKS, SynthTask, synthesize
 from fedseg.data.synth.base import letter_names, site_sizes, site_style, split_sizes
 from fedseg.errors import DataError, RegistryError
@@ -82,7 +82,7 @@ def test_synthesize_writes_an_imbalanced_federation(tmp_path: Path) -> None:
         assert s.splits == split_sizes(n, (0.7, 0.1, 0.2))
     assert m.weak_labels is None and "synthetic" in m.source and "not patient data" in m.source
     fed = FederatedDataset.open(tmp_path / "f")
-    assert fed.check() == []
+    assert check_federation(fed) == []
     assert fed.load("C", "train").images.shape[1:] == (3, 32, 32)
 
 
@@ -112,7 +112,7 @@ def test_paper_proportions_and_names(tmp_path: Path) -> None:
     assert m.site_names == ["TCIA", "CRC", "KIRC", "TNBC"]
     totals = np.array([sum(s.splits.values()) for s in m.sites], float)
     assert np.allclose(totals / totals.sum(), np.array([97, 200, 462, 50]) / 809, atol=0.02)
-    assert FederatedDataset.open(tmp_path / "n").check() == []
+    assert check_federation(FederatedDataset.open(tmp_path / "n")) == []
     m = synthesize("prostate", tmp_path / "p", size=32, per_site=5, names="paper")
     assert m.site_names == ["RUNMC", "BMC", "HCRUDB", "UCL", "BIDMC", "HK"]
 
@@ -163,7 +163,7 @@ def test_errors(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"not empty.*--overwrite"):
         synthesize("fundus", tmp_path / "f", sites=1, size=16, per_site=5)
     m = synthesize("polyp", tmp_path / "f", sites=1, size=16, per_site=5, overwrite=True)
-    assert m.task == "polyp" and FederatedDataset.open(tmp_path / "f").check() == []
+    assert m.task == "polyp" and check_federation(FederatedDataset.open(tmp_path / "f")) == []
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
     with pytest.raises(DataError, match=r"refusing to clear"):
@@ -194,5 +194,5 @@ def test_a_new_task_is_one_registration(tmp_path: Path) -> None:
     m = synthesize("test_squares", tmp_path / "f", size=16, per_site=6)
     assert [s.annotation for s in m.sites] == ["block", "point"]
     fed = FederatedDataset.open(tmp_path / "f")
-    assert fed.check() == []
+    assert check_federation(fed) == []
     assert fed.load("B", "train").spacing[0] == (0.9, 4.0)

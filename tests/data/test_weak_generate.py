@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedseg.data import FederatedDataset
+from fedseg.data import FederatedDataset, check_federation
 from fedseg.data.weak import generate_weak_labels
 from fedseg.errors import DataError
 
@@ -41,7 +41,7 @@ def test_overrides_regenerate_without_touching_images(fed_copy: Path) -> None:
     assert not (fed_copy / "sites" / "C" / "train" / "weak").exists()
     assert m.box_conversion == "block"
     fed = FederatedDataset.open(fed_copy)
-    assert fed.check(labels="weak") == []
+    assert check_federation(fed, labels="weak") == []
     a = fed.load("A", "train", "weak")
     assert (a.labels != 255).float().mean() > 0.4  # blocks are dense
     c = fed.load("C", "train", "weak")

@@ -12,8 +12,8 @@ import yaml
 from flower_helpers import SITES, assert_same_metrics, make_config
 from typer.testing import CliRunner
 
+from fedseg.backends import SimSettings, sim_settings
 from fedseg.cli import app as cli
-from fedseg.engine.flower.settings import SimSettings, sim_settings
 from fedseg.engine.runner import InProcessRunner
 from fedseg.errors import ConfigError
 

@@ -61,7 +61,7 @@ def require_valid(
 ) -> FederatedDataset:
     """Open ``root`` and raise DataError listing all problems unless it is valid."""
     fed = FederatedDataset.open(root)
-    problems = fed.check(batch_size=batch_size, labels=labels)
+    problems = check_federation(fed, batch_size=batch_size, labels=labels)
     if problems:
         listing = "\n  ".join(str(p) for p in problems)
         raise DataError(

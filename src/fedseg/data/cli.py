@@ -195,6 +195,7 @@ def check(
     labels: Annotated[str, typer.Option(help="'full', or 'weak' to require weak labels.")] = "full",
 ) -> None:
     """List every problem of a federation folder, one line each; exit status 1 if any."""
+    from fedseg.data.checks import check_federation
     from fedseg.data.federation import FederatedDataset
 
     with handled():
@@ -203,7 +204,7 @@ def check(
         if batch_size is not None and batch_size < 1:
             raise DataError(f"--batch-size must be at least 1, got {batch_size}")
         fed = FederatedDataset.open(root)
-        problems = fed.check(batch_size=batch_size, labels=labels)  # type: ignore[arg-type]
+        problems = check_federation(fed, batch_size, labels)  # type: ignore[arg-type]
     if not problems:
         console.print(f"[green]ok[/]: {root} ({len(fed.site_names)} sites) has no problems")
         return

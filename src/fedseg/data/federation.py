@@ -5,16 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 import torch
 
 from fedseg.data.manifest import SPLITS, Manifest, SiteInfo, read_manifest
 from fedseg.errors import DataError
-
-if TYPE_CHECKING:
-    from fedseg.data.checks import Problem
 
 __all__ = [
     "MAX_ABS_INTENSITY",
@@ -213,14 +210,6 @@ class FederatedDataset:
     def site_names(self) -> list[str]:
         """Site names in manifest order."""
         return self.manifest.site_names
-
-    def check(
-        self, batch_size: int | None = None, labels: Literal["full", "weak"] = "full"
-    ) -> list[Problem]:
-        """All problems of the folder (see ``fedseg.data.checks``); empty when valid."""
-        from fedseg.data.checks import check_federation
-
-        return check_federation(self, batch_size=batch_size, labels=labels)
 
     def ids(self, site: str, split: str) -> list[str]:
         """Sample ids of a split, checked against the manifest's split size."""

@@ -8,9 +8,10 @@ from typing import Any
 
 import torch
 
+from fedseg.backends import sim_settings
 from fedseg.config import RunConfig
 from fedseg.data import FederatedDataset
-from fedseg.engine.flower.settings import sim_settings
+from fedseg.engine.device import resolve_device
 from fedseg.engine.loop import Federation, RoundCallback, loss_summary
 from fedseg.engine.pool import in_memory_link
 from fedseg.engine.prepare import prepare_data
@@ -18,16 +19,9 @@ from fedseg.engine.rundir import RunDir
 from fedseg.engine.sites import load_sites
 from fedseg.methods.training import Precision
 
-__all__ = ["InProcessRunner", "loss_summary", "resolve_device", "site_state_settings"]
+__all__ = ["InProcessRunner", "loss_summary", "site_state_settings"]
 
 log = logging.getLogger(__name__)
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` picks CUDA when available; anything else is passed to ``torch.device``."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def site_state_settings(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from fedseg.reporting.runs import site_facts
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["affinity_figure", "last_affinity", "plot_affinity"]
+__all__ = ["affinity_figure", "affinity_table", "last_affinity", "plot_affinity"]
 
 
 def last_affinity(run_dir: Path) -> tuple[int, list[list[float]], list[str]]:
@@ -90,3 +90,14 @@ def affinity_figure(run_dir: Path) -> Figure:
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04).ax.tick_params(labelsize=8)
     fig.tight_layout()
     return fig
+
+
+def affinity_table(run_dir: Path) -> str:
+    """The last recorded affinity matrix of a run as a Markdown table."""
+    rnd, matrix, names = last_affinity(run_dir)
+    head = "| | " + " | ".join(names) + " |\n|" + "---|" * (len(names) + 1)
+    rows = [
+        f"| {n} | " + " | ".join(f"{v:.2f}" for v in row) + " |"
+        for n, row in zip(names, matrix, strict=True)
+    ]
+    return f"Prompt affinity after round {rnd + 1}:\n\n{head}\n" + "\n".join(rows) + "\n"

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fedseg.errors import ConfigError
+from fedseg.reporting.affinity import affinity_table
 from fedseg.reporting.results import METRIC_LABELS, fmt
 from fedseg.reporting.runs import Run, flat_config, load_run
 
@@ -243,8 +244,6 @@ def report_markdown(
     """The report as Markdown: warnings, then per section one table per metric (rows x
     site/region and average), its figures (``figures[section title]``: (caption, path)),
     and per run its own files (paths relative to ``base``) and last affinity matrix."""
-    from fedseg.reporting.plots import affinity_table
-
     out = ["# fedseg report", ""]
     warnings = report.warnings + [w for s in report.sections for w in s.warnings]
     out += [f"**Warning:** {w}." for w in warnings]

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedseg.reporting.affinity import last_affinity, plot_affinity
+from fedseg.reporting.affinity import plot_affinity
 from fedseg.reporting.runs import read_rounds, site_facts
 from fedseg.reporting.weights_plot import plot_weights
 
@@ -15,7 +15,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PLOTS",
-    "affinity_table",
     "loss_history",
     "plot_row_curves",
     "plot_site_bars",
@@ -108,17 +107,6 @@ def plot_training_curves(
     fig.savefig(out, bbox_inches="tight")  # keeps the legend right of the axes
     plt.close(fig)
     return out
-
-
-def affinity_table(run_dir: Path) -> str:
-    """The last recorded affinity matrix of a run as a Markdown table."""
-    rnd, matrix, names = last_affinity(run_dir)
-    head = "| | " + " | ".join(names) + " |\n|" + "---|" * (len(names) + 1)
-    rows = [
-        f"| {n} | " + " | ".join(f"{v:.2f}" for v in row) + " |"
-        for n, row in zip(names, matrix, strict=True)
-    ]
-    return f"Prompt affinity after round {rnd + 1}:\n\n{head}\n" + "\n".join(rows) + "\n"
 
 
 def plot_site_bars(section: Section, metric: str, out: Path) -> Path:

@@ -7,7 +7,8 @@
 * :mod:`~fedseg.engine.flower.link`: the engine's round loop (:mod:`fedseg.engine.loop`, the
   same as in-process) over Flower messages, with any transport.
 * :mod:`~fedseg.engine.flower.server_app` / :mod:`~fedseg.engine.flower.client_app`: the
-  Flower ``ServerApp`` (with the Grid link) and ``ClientApp``.
+  server over Flower's Grid and the ``ClientApp`` (the ``ServerApp`` entry point, which also
+  renders the table and figures, is :mod:`fedseg.flower_server_app`).
 * :mod:`~fedseg.engine.flower.launcher`: a SuperLink and SuperNodes on loopback;
   :mod:`~fedseg.engine.flower.cli`: ``fedseg flower``; :mod:`~fedseg.engine.flower.privacy`:
   what leaves a site; :mod:`~fedseg.engine.flower.tls`: pilot certificates and node keys.

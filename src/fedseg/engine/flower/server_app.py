@@ -1,4 +1,5 @@
-"""Flower ``ServerApp``: the fedseg round loop over Flower's Grid.
+"""The server side of a Flower run: the fedseg round loop over Flower's Grid (the
+``ServerApp`` entry point that renders afterwards is :mod:`fedseg.flower_server_app`).
 
 Sites are SuperNodes; the server knows them only by opaque node ids, so every new node is
 asked to introduce itself (a ``query.hello`` message) and answers with its site name and
@@ -12,11 +13,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from flwr.app import Context, Message, RecordDict
 from flwr.common.constant import ErrorCode
-from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp import Grid
 from flwr.superlink.grid import http_grid
 
 from fedseg.engine.flower.link import Reply, run_federation
@@ -25,9 +27,8 @@ from fedseg.engine.flower.pulls import quick_pulls
 from fedseg.engine.flower.records import content, read_meta
 from fedseg.engine.flower.settings import FlowerSettings, run_config_of
 from fedseg.errors import FedsegError, UploadError
-from fedseg.outputs import write_run_outputs
 
-__all__ = ["GridLink", "app"]
+__all__ = ["GridLink", "run_on_grid"]
 
 log = logging.getLogger(__name__)
 
@@ -195,13 +196,10 @@ def _reply_of(msg: Message) -> Reply:
     return f"{what}: {msg.error.reason}"
 
 
-app = ServerApp()
-
-
-@app.main()
-def main(grid: Grid, context: Context) -> None:
-    """Run the fedseg experiment carried by the run config. A reply whose content is still
-    being uploaded is asked for again at the poll interval, not after Flower's 1-10 s
+def run_on_grid(grid: Grid, context: Context) -> tuple[Path, dict[str, Any]]:
+    """Run the fedseg experiment carried by the run config over ``grid``; returns the run
+    directory and ``results.json``'s content. A reply whose content is still being uploaded
+    is asked for again at the poll interval, not after Flower's 1-10 s
     (:mod:`~fedseg.engine.flower.pulls`)."""
     settings = FlowerSettings.from_run_config(context.run_config)
     configure_logging(settings.run_dir)
@@ -210,7 +208,7 @@ def main(grid: Grid, context: Context) -> None:
         cfg = run_config_of(context.run_config)
         with quick_pulls(http_grid, "pull_objects", poll / 10, poll):
             results = run_federation(cfg, settings, GridLink(grid, poll))
-        write_run_outputs(settings.run_dir, results)
     except FedsegError as e:
         log.error("run failed: %s", e.reason)
         raise
+    return settings.run_dir, results

@@ -16,20 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fedseg.config import RunConfig, dump_config, parse_config
 from fedseg.errors import ConfigError
 
 __all__ = [
-    "BACKENDS",
     "FlowerSettings",
-    "SimSettings",
     "SiteConfig",
     "app_pyproject",
     "run_config",
     "run_config_of",
-    "sim_settings",
 ]
 
 CONFIG_KEY = "fedseg-config"
@@ -202,47 +198,10 @@ dependencies = []
 publisher = "fedseg"
 
 [tool.flwr.app.components]
-serverapp = "fedseg.engine.flower.server_app:app"
+serverapp = "fedseg.flower_server_app:app"
 clientapp = "fedseg.engine.flower.client_app:app"
 
 [tool.flwr.app.config]
 {config}
 """
 
-
-BACKENDS = ("inprocess", "flower-sim")
-"""Values of ``engine.backend`` (its name, when it is a mapping)."""
-
-
-class SimSettings(BaseModel):
-    """``engine.backend`` as a mapping for Flower's simulation engine: per-site resources."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str = "flower-sim"
-    cpus: float = Field(1.0, gt=0)
-    """CPU cores Ray reserves for each site's client step (sites run in parallel as far as
-    the cores allow)."""
-    gpus: float = Field(0.0, ge=0)
-    """Fraction of a GPU per site (0.25: four sites share one GPU); 0: CPU only."""
-    ray_address: str | None = None
-    """An existing Ray cluster (``auto``, ``ray://HOST:10001``); default: a local Ray started
-    for the run and stopped after it."""
-
-
-def sim_settings(backend: str | Mapping[str, Any]) -> SimSettings | None:
-    """The simulation settings of ``engine.backend`` (None for the in-process engine);
-    ConfigError naming the field for a bad value."""
-    name = backend if isinstance(backend, str) else backend.get("name", "")
-    if name not in BACKENDS:
-        raise ConfigError(f"engine.backend: unknown backend {name!r}; choose from {BACKENDS}")
-    if name == "inprocess":
-        if not isinstance(backend, str) and len(backend) > 1:
-            raise ConfigError("engine.backend: the inprocess backend takes no settings")
-        return None
-    try:
-        return SimSettings() if isinstance(backend, str) else SimSettings(**backend)
-    except ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(str(x) for x in err["loc"])
-        raise ConfigError(f"engine.backend.{where}: {err['msg']}") from None

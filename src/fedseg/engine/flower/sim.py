@@ -22,12 +22,13 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
 
+from fedseg.backends import SimSettings
 from fedseg.config import RunConfig
 from fedseg.data import FederatedDataset
 from fedseg.engine.flower.client_app import build_client_app
 from fedseg.engine.flower.link import run_federation
 from fedseg.engine.flower.server_app import GridLink
-from fedseg.engine.flower.settings import FlowerSettings, SimSettings, SiteConfig, run_config
+from fedseg.engine.flower.settings import FlowerSettings, SiteConfig, run_config
 from fedseg.engine.loop import RoundCallback
 from fedseg.engine.prepare import prepare_data
 from fedseg.errors import FedsegError

@@ -30,6 +30,7 @@ from flwr.app import RecordDict
 
 from fedseg.config import RunConfig, method_config
 from fedseg.data import FederatedDataset
+from fedseg.engine.device import resolve_device
 from fedseg.engine.flower.records import (
     RESEND,
     PayloadCache,
@@ -90,8 +91,6 @@ class SiteRuntime:
     """One site of one run: ``cfg`` from the run config, ``site`` from the node config."""
 
     def __init__(self, cfg: RunConfig, site: SiteConfig) -> None:
-        from fedseg.engine.runner import resolve_device
-
         self.cfg, self.site = cfg, site
         self.device = resolve_device(site.device or cfg.engine.device)
         if site.threads:
