@@ -8,7 +8,6 @@ from typing import Annotated
 
 import typer
 import yaml
-from rich.table import Table
 
 from fedseg.configs import packaged_configs, resolve_config
 from fedseg.console import console, fail
@@ -25,14 +24,31 @@ def _describe(path: Path) -> tuple[str, str, str]:
     return method, task, first.lstrip("# ").strip()
 
 
+def _shorten(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1].rstrip() + "…"
+
+
 @app.command("list")
 def list_(pattern: Annotated[str, typer.Argument(help="Substring filter.")] = "") -> None:
-    """The shipped configurations (run one with `fedseg run NAME`)."""
-    table = Table("name", "method", "task", "description")
-    for name in packaged_configs():
-        if pattern in name:
-            table.add_row(name, *_describe(resolve_config(name)))
-    console.print(table)
+    """The shipped configurations (run one with `fedseg run NAME`). Names are never cut; the
+    description is shortened to the width that is left (`fedseg configs show NAME`)."""
+    rows = [(n, *_describe(resolve_config(n))) for n in packaged_configs() if pattern in n]
+    if not rows:
+        fail(ConfigError(f"no shipped config name contains {pattern!r}; see fedseg configs list"))
+    rows.insert(0, ("name", "method", "task", "description"))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    room = max(console.width - sum(widths) - 2 * 3, 10)  # two spaces between columns
+    for k, (*fixed, description) in enumerate(rows):
+        line = "  ".join(f"{v:<{w}}" for v, w in zip(fixed, widths, strict=True))
+        style = "bold" if k == 0 else None
+        console.print(
+            f"{line}  {_shorten(description, room)}".rstrip(),
+            style=style,
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+    console.print("the whole of one: fedseg configs show NAME", style="dim", highlight=False)
 
 
 @app.command()
