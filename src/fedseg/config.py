@@ -22,6 +22,7 @@ from fedseg.configs import resolve_config
 from fedseg.errors import ConfigError, RegistryError
 from fedseg.methods import MethodConfig, TrainSettings, get_method
 from fedseg.models import ModelConfig, parse_model
+from fedseg.privacy.settings import PrivacySettings
 
 __all__ = [
     "DataSettings",
@@ -149,6 +150,8 @@ class RunConfig(_Strict):
     eval: EvalSettings = EvalSettings()
     engine: EngineSettings = EngineSettings()
     tracking: TrackingSettings = TrackingSettings()
+    privacy: PrivacySettings = PrivacySettings()
+    """Differential privacy of the released model (docs/privacy.md)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -178,6 +181,17 @@ class RunConfig(_Strict):
             return parse_model(v).model_dump()
         except ConfigError as e:
             raise ValueError(e.reason.removeprefix("model.").removeprefix("model: ")) from None
+
+    @model_validator(mode="after")
+    def _private_method(self) -> RunConfig:
+        from fedseg.privacy.central import require_central_dp
+
+        if self.privacy.enabled:
+            try:
+                require_central_dp(self.method_name, get_method(self.method_name))
+            except ConfigError as e:
+                raise ValueError(e.reason) from None
+        return self
 
     @property
     def method_name(self) -> str:

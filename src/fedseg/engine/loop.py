@@ -30,6 +30,7 @@ from fedseg.engine.worker import EvalReply, TrainReply
 from fedseg.errors import ConfigError, FedsegError, UploadError
 from fedseg.methods import FederationSpec
 from fedseg.methods.base import payload_size
+from fedseg.privacy import privacy_report, rounds_within_budget
 from fedseg.tracking import round_listener
 
 __all__ = ["Federation", "RoundLoop", "RoundPolicy", "loss_summary", "wait_for_sites"]
@@ -336,7 +337,15 @@ class Federation:
             cfg.data.labels,
             total,
         )
-        for r in range(start, total):
+        last = rounds_within_budget(cfg.privacy, total)
+        if last < total:
+            log.info(
+                "privacy.target_epsilon %g: training stops after round %d of %d",
+                cfg.privacy.target_epsilon,
+                last,
+                total,
+            )
+        for r in range(start, last):
             t0, c0 = time.perf_counter(), time.process_time()
             record = loop.round(r)
             record["seconds"] = time.perf_counter() - t0
@@ -347,7 +356,7 @@ class Federation:
                 per_site, _ = loop.evaluate(total, cfg.eval.periodic_split, periodic=True)
                 record["eval"] = {s: v.metrics["dsc"] for s, v in per_site.items()}
             self.dir.append_round(record)
-            if r == total - 1 or (r + 1) % cfg.engine.checkpoint_every == 0:
+            if r == last - 1 or (r + 1) % cfg.engine.checkpoint_every == 0:
                 self._checkpoint(r, timing)
             log.info(
                 "round %d/%d: %d sites %s%s, %.1fs",
@@ -378,6 +387,8 @@ class Federation:
             participation=_participation(loop.server.spec.site_names, rounds),
             eval_failures=failures,
         )
+        if cfg.privacy.enabled:
+            results["privacy"] = privacy_report(cfg.privacy, len(rounds))
         self.dir.write_results(results)
         self.dir.write_cases(per_site)
         log.info("results written to %s", self.dir.results_json)

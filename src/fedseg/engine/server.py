@@ -31,6 +31,7 @@ from fedseg.methods import (
 )
 from fedseg.methods.base import Aggregator, payload_size, validate_payload
 from fedseg.models import parse_model
+from fedseg.privacy import private_method
 
 __all__ = [
     "ServerCore",
@@ -128,7 +129,8 @@ def method_spec(method_cls: type[Method], spec: FederationSpec) -> FederationSpe
 def make_method(cfg: RunConfig, spec: FederationSpec) -> Method:
     """The configured method (with the configured network) for ``spec``."""
     cls = get_method(cfg.method_name)
-    return cls(method_config(cfg.method), method_spec(cls, spec), parse_model(cfg.model))
+    method = cls(method_config(cfg.method), method_spec(cls, spec), parse_model(cfg.model))
+    return private_method(method, cfg.privacy, cfg.method_name)
 
 
 class ServerCore:

@@ -49,6 +49,7 @@ from fedseg.errors import ConfigError, DataError, UploadError
 from fedseg.methods import FederationSpec, Method, get_method
 from fedseg.methods.training import Precision
 from fedseg.models import parse_model
+from fedseg.privacy import private_method
 
 __all__ = [
     "LOADED",
@@ -81,7 +82,8 @@ def method_for(cfg: RunConfig, spec: FederationSpec) -> Method:
             f"method {cfg.method_name!r} trains on the pooled data of all sites and cannot run "
             "as a federation; use `fedseg run` (in-process) for it"
         )
-    return cls(method_config(cfg.method), spec, parse_model(cfg.model))
+    method = cls(method_config(cfg.method), spec, parse_model(cfg.model))
+    return private_method(method, cfg.privacy, cfg.method_name)
 
 
 _RUN_UID = re.compile(r"[A-Za-z0-9_-]{1,64}")

@@ -1,0 +1,219 @@
+"""Central differential privacy (DP-FedAvg, McMahan et al. 2018) around a FedAvg-family method.
+
+:class:`CentralDP` wraps the configured method, so every engine (in-process, worker pool,
+Flower) runs the same steps. A site runs the method's own client step, then uploads its
+update (the uploaded tensors minus the payload it started from) clipped to ``clip`` in L2
+over every float tensor, BN statistics included. The server clips each update again (a
+site that skips its own clipping gains nothing), sums them with fixed weights, adds Gaussian
+noise of standard deviation ``noise_multiplier * clip * max weight`` from the round's seeded
+generator, and adds the result to the previous global model. Integer tensors (BN batch
+counters) carry no update: the global keeps its own. Epsilon after the round (dp-accounting)
+is a server metric of the round, so it lands in ``rounds.jsonl``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from fedseg.errors import ConfigError
+from fedseg.methods import Method
+from fedseg.methods.base import (
+    Aggregator,
+    ClientContext,
+    ClientResult,
+    Payload,
+    ServerContext,
+    ServerResult,
+    SiteSpec,
+    State,
+    Template,
+    aggregate,
+)
+from fedseg.methods.fedavg import FedAvg
+from fedseg.methods.partition import ResolvedPartition
+from fedseg.privacy.accountant import epsilon
+from fedseg.privacy.settings import PrivacySettings
+
+__all__ = [
+    "CentralDP",
+    "NoisySum",
+    "clip_update",
+    "fixed_weights",
+    "private_method",
+    "require_central_dp",
+    "supported_methods",
+    "supports_central_dp",
+    "update_norm",
+]
+
+GLOBAL = "dp_global"
+"""Server-state key of the current global tensors (the same tensors as the payload)."""
+
+
+def supports_central_dp(cls: type[Method]) -> bool:
+    """True for a method whose server step is FedAvg's weighted sum of the uploads."""
+    return issubclass(cls, FedAvg) and cls.server_step is FedAvg.server_step
+
+
+def require_central_dp(name: str, cls: type[Method]) -> None:
+    """ConfigError saying why method ``name`` cannot run under ``privacy.mode: central``."""
+    if supports_central_dp(cls):
+        return
+    raise ConfigError(
+        f"privacy.mode central: method {name!r} is not supported: its server step "
+        f"({cls.server_step.__qualname__}) needs each site's upload or data-dependent "
+        "weights, not only a fixed-weight sum that noise can hide; supported: "
+        + ", ".join(supported_methods())
+    )
+
+
+def supported_methods() -> list[str]:
+    """Registered methods that ``privacy.mode: central`` accepts."""
+    from fedseg.methods import get_method, list_methods
+
+    return [n for n in list_methods("*") if supports_central_dp(get_method(n))]
+
+
+def update_norm(update: Mapping[str, torch.Tensor]) -> float:
+    """L2 norm over every float tensor of ``update`` (computed in float64)."""
+    total = math.fsum(
+        float(t.double().square().sum()) for t in update.values() if t.is_floating_point()
+    )
+    return math.sqrt(total)
+
+
+def clip_update(update: Mapping[str, torch.Tensor], clip: float) -> dict[str, torch.Tensor]:
+    """``update`` scaled by ``min(1, clip / norm)``; integer tensors become zeros."""
+    scale = min(1.0, clip / max(update_norm(update), 1e-300))
+    return {
+        k: (t.double() * scale).to(t.dtype) if t.is_floating_point() else torch.zeros_like(t)
+        for k, t in update.items()
+    }
+
+
+def fixed_weights(settings: PrivacySettings, sites: tuple[SiteSpec, ...]) -> dict[str, float]:
+    """Each site's fixed aggregation weight: 1/m, or its share of all declared samples."""
+    if settings.weighting == "uniform":
+        return {s.name: 1.0 / len(sites) for s in sites}
+    total = sum(s.num_train for s in sites)
+    return {s.name: s.num_train / total for s in sites}
+
+
+class CentralDP(Method):
+    """``inner`` (a FedAvg-family method) with clipped updates and a noised weighted sum."""
+
+    def __init__(self, inner: Method, settings: PrivacySettings, name: str) -> None:
+        require_central_dp(name, type(inner))
+        self.inner, self.settings, self.name = inner, settings, name
+        self.config, self.spec, self.model_cfg = inner.config, inner.spec, inner.model_cfg
+        self.personalized, self.summary = inner.personalized, f"{inner.summary} (central DP)"
+        self.weights = fixed_weights(settings, inner.spec.sites)
+
+    # -- the inner method's model, partition and evaluation -----------------------------------
+    def build_model(self) -> nn.Module:
+        return self.inner.build_model()
+
+    def parts(self, model: nn.Module) -> ResolvedPartition:
+        return self.inner.parts(model)
+
+    def upload_template(self, model: nn.Module) -> Template:
+        up, down = self.inner.upload_template(model), self.inner.download_template(model)
+        odd = sorted(set(up) ^ set(down))
+        if odd:
+            raise ConfigError(
+                f"privacy.mode central: method {self.name!r} uploads or downloads {odd[:3]} "
+                "without the other; a site's update needs both"
+            )
+        return up
+
+    def download_template(self, model: nn.Module) -> Template:
+        return self.inner.download_template(model)
+
+    def init_client(self, model: nn.Module, site: SiteSpec) -> State:
+        return self.inner.init_client(model, site)
+
+    def eval_model(self, payload: Payload, state: State, ctx: ClientContext) -> nn.Module:
+        return self.inner.eval_model(payload, state, ctx)
+
+    def segment(self, model: nn.Module, images: torch.Tensor) -> torch.Tensor:
+        return self.inner.segment(model, images)
+
+    def load(self, model: nn.Module, payload: Payload, state: State) -> None:
+        self.inner.load(model, payload, state)
+
+    def split(self, model: nn.Module) -> tuple[dict[str, torch.Tensor], State]:
+        return self.inner.split(model)
+
+    # -- the private steps --------------------------------------------------------------------
+    def init_server(self, model: nn.Module) -> ServerResult:
+        out = self.inner.init_server(model)
+        first = next(iter(out.payloads.values()))
+        return ServerResult(out.payloads, {**out.state, GLOBAL: first.tensors})
+
+    def client_step(self, payload: Payload, state: State, ctx: ClientContext) -> ClientResult:
+        """The method's client step; its upload replaced by the clipped update."""
+        res = self.inner.client_step(payload, state, ctx)
+        update = {k: t - payload.tensors[k] for k, t in res.upload.tensors.items()}
+        clipped = clip_update(update, self.settings.clip)
+        return ClientResult(
+            Payload(clipped, num_examples=res.upload.num_examples), res.state, res.metrics
+        )
+
+    def server_step(
+        self, uploads: Mapping[str, Payload], state: State, ctx: ServerContext
+    ) -> ServerResult:
+        return aggregate(self.aggregator(state, ctx), uploads)
+
+    def aggregator(self, state: State, ctx: ServerContext) -> Aggregator:
+        return NoisySum(self, state, ctx)
+
+
+class NoisySum:
+    """The server step of :class:`CentralDP` as a reduction: one float64 sum of the clipped,
+    weighted updates; noise and the previous global added once in :meth:`finish`."""
+
+    def __init__(self, dp: CentralDP, state: State, ctx: ServerContext) -> None:
+        self.dp, self.state, self.ctx = dp, state, ctx
+        self.sum: dict[str, torch.Tensor] = {}
+
+    def add(self, site: str, upload: Payload) -> None:
+        w = self.dp.weights[site]
+        for k, t in clip_update(upload.tensors, self.dp.settings.clip).items():
+            if t.is_floating_point():
+                if k in self.sum:
+                    self.sum[k].add_(t.double(), alpha=w)
+                else:
+                    self.sum[k] = t.double() * w
+
+    def finish(self) -> ServerResult:
+        s = self.dp.settings
+        std = s.noise_multiplier * s.clip * max(self.dp.weights.values())
+        base: dict[str, torch.Tensor] = self.state[GLOBAL]
+        new = {}
+        for k, t in base.items():
+            if not t.is_floating_point():
+                new[k] = t
+                continue
+            noise = torch.randn(t.shape, generator=self.ctx.generator, dtype=torch.float64)
+            value = t.double() + self.sum.get(k, 0.0) + std * noise
+            if k.endswith("running_var"):
+                value = value.clamp(min=0.0)  # post-processing: a variance stays >= 0
+            new[k] = value.to(t.dtype)
+        payload = Payload(new)
+        eps = epsilon(s, self.ctx.round + 1)
+        return ServerResult(
+            {site.name: payload for site in self.ctx.spec.sites},
+            {**self.state, GLOBAL: new},
+            {"dp_epsilon": eps, "dp_delta": s.delta, "dp_noise_std": std},
+        )
+
+
+def private_method(method: Method, settings: PrivacySettings, name: str) -> Method:
+    """``method`` under the ``privacy:`` block: unchanged when it is off."""
+    if not settings.enabled:
+        return method
+    return CentralDP(method, settings, name)
