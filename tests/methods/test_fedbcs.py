@@ -119,7 +119,82 @@ def test_contrastive_loss_is_lower_when_features_align_with_their_own_class_cent
     # consistency: zero at the mean of the class's centres, positive elsewhere
     mean = centres[1:].mean(0).expand(4, 16)
     assert consistency_loss(mean, centres[1:]) == 0
-    assert consistency_loss(mean + 1, centres[1:]) == pytest.approx(1.0)
+    # Eq. 16 sums the squared difference over the 16 dimensions; the code's MSE averages it
+    assert consistency_loss(mean + 1, centres[1:]) == pytest.approx(16.0)
+    assert consistency_loss(mean + 1, centres[1:], "mse") == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("tau", [0.005, 0.8])
+def test_contrastive_loss_has_a_gradient_at_small_and_large_tau(tau):
+    # post-ReLU-like features and centres: every cosine is far above 0.069, where the
+    # authors' caps saturate at tau = 0.005
+    gen = torch.Generator().manual_seed(0)
+    centres = torch.rand(4, 32, generator=gen)
+    positive = torch.tensor([False, False, True, True])
+    feats = torch.rand(10, 32, generator=gen).requires_grad_()
+    unit = torch.nn.functional.normalize
+    assert (unit(feats, dim=1) @ unit(centres, dim=1).T).min() > 0.5
+    (grad,) = torch.autograd.grad(contrastive_loss(feats, centres, positive, tau), feats)
+    assert grad.norm() > 1e-3 and torch.isfinite(grad).all()
+    clamped = contrastive_loss(feats, centres, positive, tau, clamp=True)
+    (grad_clamped,) = torch.autograd.grad(clamped, feats)
+    if tau == 0.005:  # every exponential on its 1e6 cap: the constant log(M / M_pos)
+        assert grad_clamped.norm() == 0
+        assert float(clamped.detach()) == pytest.approx(math.log(2.0), abs=1e-6)
+    else:
+        torch.testing.assert_close(grad_clamped, grad)
+
+
+def test_default_l_contra_trains_at_the_nuclei_temperature():
+    spec, sites = toy_federation(2, labels="full")
+    method = FedBCS(FedBCS.Config(tau=0.005), Simulation.method_spec(FedBCS, spec, sites))
+    ctx = Simulation(method, sites, TRAIN, seed=0).context(sites["site0"], 0)
+    labels = torch.zeros(2, 8, 8, dtype=torch.long)
+    labels[:, 2:5, 2:5] = 1
+    gen = torch.Generator().manual_seed(0)
+    emb = {b: torch.rand(2, 6, 8, 8, generator=gen).requires_grad_() for b in ("enc", "dec")}
+    cents = {b: (torch.rand(3, 6, generator=gen), torch.tensor([0, 1, 1])) for b in emb}
+    contra, consis = method.mp_terms(emb, labels, cents, ctx)
+    grads = torch.autograd.grad(contra, list(emb.values()))
+    assert all(g.norm() > 0 for g in grads)
+    # L_consis: Eq. 16 sums the two branches' squared distances (over the 6 dimensions)
+    per_branch = []
+    for b, f in emb.items():
+        fg = f.detach().movedim(1, -1)[labels == 1]
+        per_branch.append(consistency_loss(fg, cents[b][0][1:]))
+    torch.testing.assert_close(consis, sum(per_branch))
+    mse = FedBCS(FedBCS.Config(tau=0.005, consis_form="mse"), method.spec)
+    torch.testing.assert_close(mse.mp_terms(emb, labels, cents, ctx)[1], sum(per_branch) / 6 / 2)
+
+
+def test_gap_gate_pre_activations_are_order_one_at_any_resolution():
+    from fedseg.models.fsr import spectrum_mean
+
+    # GAP of Eq. 4's amplitude |FFT(z)| / HW over the whole spectrum, from the half spectrum
+    z = torch.randn(2, 3, 12, 10)
+    half = torch.fft.rfftn(z, dim=(2, 3)).abs()
+    full = torch.fft.fftn(z, dim=(2, 3), norm="forward").abs().mean((2, 3))
+    torch.testing.assert_close(spectrum_mean(half, (12, 10)), full)
+    odd = torch.randn(2, 3, 9, 7)
+    torch.testing.assert_close(
+        spectrum_mean(torch.fft.rfftn(odd, dim=(2, 3)).abs(), (9, 7)),
+        torch.fft.fftn(odd, dim=(2, 3), norm="forward").abs().mean((2, 3)),
+    )
+    torch.manual_seed(0)
+    net = _method(_spec(2), {"name": "harmofl_unet"}, fsr_gate="gap", cdpa=False).build_model()
+    pre: dict[int, dict[str, torch.Tensor]] = {}
+    size = [0]
+    for k, m in net.encoder.post.items():
+        m.gate_fc.register_forward_hook(
+            lambda _m, _i, out, k=k: pre.setdefault(size[0], {}).__setitem__(k, out.detach())
+        )
+    base = torch.rand(2, 1, 16, 16, generator=torch.Generator().manual_seed(0))
+    for size[0] in (32, 192):
+        with torch.no_grad():
+            net(torch.nn.functional.interpolate(base, size=size[0], mode="bilinear"))
+    for k in net.encoder.post:
+        assert pre[32][k].abs().max() < 1 and pre[192][k].abs().max() < 1
+        assert (pre[32][k] - pre[192][k]).abs().max() < 0.2
 
 
 def test_prototype_loss_pulls_foreground_pixels_only_and_vanishes_without_centres():
@@ -213,3 +288,28 @@ def test_full_run_is_finite_and_repeatable():
     losses = [m["loss"] for m in first[1]["clients"].values()]
     assert all(math.isfinite(v) for v in losses)
     assert losses == [m["loss"] for m in again[1]["clients"].values()]
+
+
+def test_cdpa_prototype_is_the_fusion_of_per_level_prototypes():
+    # F is a 1x1 convolution (affine per pixel), so the class mean of the fused embedding
+    # equals F applied to the concatenated class means of the levels over the same pixels:
+    # the per-layer prototypes of Eqs. 9-11, each level's map taken at enc1's resolution
+    from fedseg.methods.prototypes import class_sums
+
+    torch.manual_seed(0)
+    net = _method(_spec(2), fsr=False, branches=["enc"]).build_model().eval()  # no dropout
+    x = torch.randn(2, 1, 32, 32)
+    labels = torch.zeros(2, 32, 32, dtype=torch.long)
+    labels[:, 5:20, 8:25] = 1
+    with torch.no_grad():
+        _, emb = net.embed(x)
+        enc = net.backbone.forward_features(x).encoder[:-1]
+        sums, counts = class_sums(emb["enc"], labels, 2)
+        fused = sums / counts[:, None]
+        up = [torch.nn.functional.interpolate(m, size=(32, 32), mode="nearest") for m in enc]
+        per_level = []
+        for k, conv in enumerate(net.fusion["enc"]):
+            s, n = class_sums(torch.cat([up[k], up[-1]], 1), labels, 2)
+            means = (s / n[:, None])[:, :, None, None]
+            per_level.append(conv(means)[:, :, 0, 0])
+    torch.testing.assert_close(fused, torch.cat(per_level, 1), rtol=1e-4, atol=1e-5)

@@ -9,8 +9,9 @@
 * Each site uploads per-class prototypes of both branches (mean of per-batch class means
   over the last local epoch, pre-step features); the server clusters each class's client
   prototypes with FINCH and sends back all cluster centres.
-* Local loss: Dice+CE + mean over branches of (L_contra + L_consis) on foreground pixels:
-  InfoNCE over cluster centres (temperature ``tau``) and MSE to the class's mean centre.
+* Local loss on foreground pixels: Dice+CE + L_contra (InfoNCE over the cluster centres,
+  temperature ``tau``, mean over branches) + L_consis (squared distance to the class's mean
+  centre, summed over dimensions and branches as Eq. 16).
 * Weights: sample-count-weighted FedAvg of everything (the paper's supplement, Eq. 27).
 
 Reference: Zhao et al., "Divide, Conquer and Unite: Hierarchical Style-Recalibrated Prototype
@@ -147,13 +148,15 @@ def contrastive_loss(
     centres: torch.Tensor,
     positive: torch.Tensor,
     tau: float,
-    clamp: bool = True,
+    clamp: bool = False,
 ) -> torch.Tensor:
     """Eq. 15, mean over ``features`` ``[N, D]``: -log(sum_pos e^{cos/tau} / sum_all
-    e^{cos/tau}) over ``centres`` ``[M, D]`` (``positive``: bool ``[M]``).
+    e^{cos/tau}) over ``centres`` ``[M, D]`` (``positive``: bool ``[M]``), computed with
+    log-sum-exp (stable at any ``tau``).
 
-    ``clamp`` reproduces the authors' code (logits capped at 20, exponentials at 1e6, +1e-9);
-    otherwise the exact log-sum-exp form."""
+    ``clamp`` reproduces the authors' code instead: logits capped at 20, exponentials at 1e6,
+    +1e-9. At ``tau = 0.005`` a centre whose cosine exceeds ~0.069 then sits on the cap and
+    passes no gradient; when every centre does, the loss is the constant log(M / M_pos)."""
     sim = F.normalize(features, dim=1) @ F.normalize(centres, dim=1).T / tau
     if clamp:
         e = sim.clamp(max=20.0).exp().clamp(max=1e6)
@@ -161,10 +164,18 @@ def contrastive_loss(
     return (torch.logsumexp(sim, 1) - torch.logsumexp(sim[:, positive], 1)).mean()
 
 
-def consistency_loss(features: torch.Tensor, centres: torch.Tensor) -> torch.Tensor:
-    """Eq. 16 as the code computes it: MSE between ``features`` ``[N, D]`` and the mean of
-    the class's cluster centres ``[M_c, D]`` (Eq. 14), averaged over N x D."""
-    return F.mse_loss(features, centres.mean(0).expand_as(features))
+ConsisForm = Literal["sum", "mse"]
+
+
+def consistency_loss(
+    features: torch.Tensor, centres: torch.Tensor, form: ConsisForm = "sum"
+) -> torch.Tensor:
+    """Eq. 16 for one branch: the squared distance between ``features`` ``[N, D]`` and the
+    mean of the class's cluster centres ``[M_c, D]`` (Eq. 14), summed over the D dimensions
+    and averaged over the N pixels (``sum``, the paper); ``mse`` averages over N x D as the
+    authors' code does (``nn.MSELoss``, D times smaller)."""
+    diff = (features - centres.mean(0)).pow(2)
+    return diff.mean() if form == "mse" else diff.sum(1).mean()
 
 
 @register_method("fedbcs")
@@ -199,8 +210,14 @@ class FedBCS(Method):
         """Weight of L_contra (paper: 1)."""
         consis_weight: float = Field(1.0, ge=0)
         """Weight of L_consis (paper: 1)."""
-        clamp: bool = True
-        """The code's logit (20) and exp (1e6) caps in L_contra; false: exact."""
+        clamp: bool = False
+        """L_contra with the authors' caps (logits <= 20, exponentials <= 1e6): at
+        ``tau = 0.005`` every centre whose cosine exceeds ~0.069 then passes no gradient
+        (the term is constant once all do). Default: the exact InfoNCE by log-sum-exp."""
+        consis_form: ConsisForm = "sum"
+        """L_consis: Eq. 16 (``sum``: squared distance summed over the embedding dimensions
+        and over the two branches) or the code's ``mse`` (mean over dimensions, branches
+        averaged; 768 x 2 times smaller on HarmoFL's UNet)."""
         pull: Literal["foreground", "all"] = "foreground"
         """Pixels that carry L_MP: foreground classes only (code; background prototypes are
         negatives only) or every class."""
@@ -355,9 +372,11 @@ class FedBCS(Method):
         ctx: ClientContext,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(L_contra, L_consis)`` of one batch: per branch the mean over the pulled classes
-        present in the batch that have centres, then the mean over branches (0 without
-        centres, e.g. in round 1)."""
+        present in the batch that have centres; L_contra is averaged over the branches,
+        L_consis summed (Eq. 16; averaged with ``consis_form: mse``, as the code). Both are 0
+        without centres, e.g. in round 1."""
         cfg, spec = self.config, ctx.spec
+        consis_div = len(centres) if cfg.consis_form == "mse" else 1
         zero = next(iter(embeddings.values())).new_zeros(())
         contra, consis = zero, zero
         for b, (cents, cls) in centres.items():
@@ -380,12 +399,12 @@ class FedBCS(Method):
                 terms.append(
                     (
                         contrastive_loss(fc, cents, pos, cfg.tau, cfg.clamp),
-                        consistency_loss(fc, cents[pos]),
+                        consistency_loss(fc, cents[pos], cfg.consis_form),
                     )
                 )
             if terms:
                 contra = contra + torch.stack([t[0] for t in terms]).mean() / len(centres)
-                consis = consis + torch.stack([t[1] for t in terms]).mean() / len(centres)
+                consis = consis + torch.stack([t[1] for t in terms]).mean() / consis_div
         return contra, consis
 
     # -- server ------------------------------------------------------------------------------

@@ -9,18 +9,34 @@ start) as in the authors' code. Works on 2D and 3D maps ``[B, C, *S]``.
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["FSR", "FSRGate"]
+__all__ = ["FSR", "FSRGate", "spectrum_mean"]
 
 FSRGate = Literal["learned", "gap"]
 """``learned``: one learnable pair (h_norm, h_org) per module, weights softmax(h / T) (the
 authors' code; both 0.5 at start); ``gap``: per-sample weights sigmoid(W_s [GAP(amp_norm);
-GAP(amp)]) from the globally pooled amplitudes (the paper's Eq. 6)."""
+GAP(amp)]) from the globally pooled amplitudes (the paper's Eq. 6), the amplitudes scaled by
+1/HW as in Eq. 4."""
+
+
+def spectrum_mean(amp: torch.Tensor, size: tuple[int, ...]) -> torch.Tensor:
+    """GAP over the whole spectrum of Eq. 4's amplitude ``|Z| = |FFT(z)| / HW``, from the
+    unnormalised ``rfftn`` amplitude ``amp`` ``[B, C, *S']`` of maps of spatial ``size``:
+    ``[B, C]``. The half spectrum stands for its mirror image (weight 2) except the
+    self-conjugate first and (for an even size) last columns."""
+    n = math.prod(size)
+    weight = torch.full((amp.shape[-1],), 2.0, dtype=amp.dtype, device=amp.device)
+    weight[0] = 1.0
+    if size[-1] % 2 == 0:
+        weight[-1] = 1.0
+    total = (amp * weight).sum(dim=tuple(range(2, amp.dim())))
+    return total / (n * n)
 
 
 class FSR(nn.Module):
@@ -52,13 +68,20 @@ class FSR(nn.Module):
         self.gamma = nn.Parameter(torch.ones(channels))
         self.beta = nn.Parameter(torch.zeros(channels))
 
-    def style_weights(self, amp_norm: torch.Tensor, amp: torch.Tensor) -> torch.Tensor:
-        """``[B or 1, 2]`` weights (lambda_norm, lambda_org) of the two amplitudes."""
+    def gate_input(
+        self, amp_norm: torch.Tensor, amp: torch.Tensor, size: tuple[int, ...]
+    ) -> torch.Tensor:
+        """``[B, 2C]``: ``[GAP(chi_norm); GAP(chi)]`` of Eq. 6 (Eq. 4's 1/HW scaling)."""
+        return torch.cat([spectrum_mean(amp_norm, size), spectrum_mean(amp, size)], dim=1)
+
+    def style_weights(
+        self, amp_norm: torch.Tensor, amp: torch.Tensor, size: tuple[int, ...]
+    ) -> torch.Tensor:
+        """``[B or 1, 2]`` weights (lambda_norm, lambda_org) of the two amplitudes of maps of
+        spatial ``size``."""
         if self.gate == "learned":
             return torch.softmax(self.logits / self.temperature, 0)[None]
-        dims = tuple(range(2, amp.dim()))
-        pooled = torch.cat([amp_norm.mean(dims), amp.mean(dims)], dim=1)
-        return torch.sigmoid(self.gate_fc(pooled))
+        return torch.sigmoid(self.gate_fc(self.gate_input(amp_norm, amp, size)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dims = tuple(range(2, x.dim()))
@@ -66,7 +89,8 @@ class FSR(nn.Module):
         amp = spec.abs()
         amp_norm = torch.fft.rfftn(F.instance_norm(x, eps=self.eps), dim=dims).abs()
         phase = spec / amp.clamp_min(self.eps)  # e^{i gamma}: the content of x
-        w = self.style_weights(amp_norm, amp).view(-1, 2, *([1] * (x.dim() - 1)))
+        w = self.style_weights(amp_norm, amp, tuple(x.shape[2:]))
+        w = w.view(-1, 2, *([1] * (x.dim() - 1)))
         mixed = w[:, 0] * amp_norm + w[:, 1] * amp
         out = torch.fft.irfftn(mixed * phase, s=x.shape[2:], dim=dims)
         shape = (1, -1, *([1] * len(dims)))
