@@ -2,7 +2,6 @@ import pytest
 import torch
 
 from fedseg.engine.simulation import Simulation
-from fedseg.errors import ConfigError
 from fedseg.methods import Payload, ServerContext, TrainSettings, get_method
 from fedseg.methods.fedlc import PEER, FedLC, contrast_loss
 from fedseg.models.fedlc_net import ChannelSelection, FedLCNet, disagreement_peaks
@@ -14,7 +13,7 @@ HEAD = {"decoder.head.weight", "decoder.head.bias"}
 
 def _sim(sites: int = 2, train: TrainSettings = TRAIN, **cfg) -> Simulation:
     spec, data = toy_federation(sites, n_train=4, size=16)
-    cfg.setdefault("body_iters", 1)
+    cfg.setdefault("personal_iters", 1)
     return Simulation(FedLC(FedLC.Config(**cfg), spec), data, train, seed=0)
 
 
@@ -118,8 +117,30 @@ def test_eval_model_calibrates_with_every_sites_head_and_own_embedding():
     assert all(0 <= v["metrics"]["dsc"]["fg"] <= 1 for v in ev.values())
 
 
-def test_body_iters_must_fit_the_local_budget():
-    sim = _sim(body_iters=3)
-    with pytest.raises(ConfigError, match="body_iters"):
-        sim.round(0)
+def test_round_splits_its_steps_into_personal_only_then_everything():
+    def split(train: TrainSettings, **cfg) -> list[tuple[int, int]]:
+        sim = _sim(train=train, **cfg)
+        return [sim.method.phase_steps(sim.context(s, 0)) for s in sim.sites.values()]
+
+    assert split(TRAIN) == [(1, 1)] * 2
+    assert split(TRAIN, personal_iters=5) == [(2, 0)] * 2  # a short round: personal only
+    ten = TrainSettings(local_iters=10, batch_size=4)
+    assert split(ten, personal_iters=None) == [(2, 8)] * 2  # personal_fraction 0.2
+    epochs = TrainSettings(local_epochs=3, batch_size=4)  # sites of 4 and 6 images
+    assert split(epochs, personal_iters=None) == [(1, 2), (1, 5)]
+    assert split(epochs, personal_iters=None, personal_fraction=0.5) == [(2, 1), (3, 3)]
+    with pytest.raises(ValueError, match="not both"):
+        FedLC.Config(personal_iters=1, personal_fraction=0.5)
     assert get_method("fedlc") is FedLC
+
+
+@pytest.mark.parametrize(("personal", "body_moves"), [(2, False), (0, True)])
+def test_personal_phase_leaves_the_shared_body_untouched(personal, body_moves):
+    sim = _sim(personal_iters=personal)
+    site = sim.sites["site0"]
+    before = {k: v.clone() for k, v in sim.payloads["site0"].tensors.items()}
+    res = sim.method.client_step(sim.payloads["site0"], sim.states["site0"], sim.context(site, 0))
+    body = [k for k in res.upload.tensors if k.endswith("weight") and k not in HEAD]
+    moved = [not torch.equal(res.upload.tensors[k], before[k]) for k in body]
+    assert all(moved) if body_moves else not any(moved)
+    assert not torch.equal(res.upload.tensors["decoder.head.weight"], before["decoder.head.weight"])

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import nn
 
 from fedseg.errors import ConfigError
@@ -64,7 +64,8 @@ def peer_heads(payload: Payload, num_sites: int) -> list[HeadWeights]:
 class PCSMethod(Method):
     """Shared base of FedLC and FedICRA: a network with a channel selection ``pcs``
     (private unless the config's ``pcs_shared`` is true, then averaged like the body) and a
-    round split into two training phases by the config's ``body_iters``."""
+    round (``train.local_iters`` steps, or ``local_epochs`` passes) split into two training
+    phases (by the config's ``body_iters`` unless :meth:`phase_steps` is overridden)."""
 
     def parts(self, model: nn.Module) -> ResolvedPartition:
         if self._parts is None:
@@ -81,6 +82,16 @@ class PCSMethod(Method):
                 f"method {type(self).__name__}: needs 2D images (spec.ndim 2), got {self.spec.ndim}"
             )
 
+    def phase_steps(self, ctx: ClientContext) -> tuple[int, int]:
+        """Steps of the two phases of a round: the round's steps (:meth:`ClientContext.steps`)
+        less the config's ``body_iters``, then ``body_iters``."""
+        total, body_iters = ctx.steps(), self.config.body_iters  # type: ignore[attr-defined]
+        if body_iters > total:
+            raise ConfigError(
+                f"method.body_iters must be <= the round's steps ({total}), got {body_iters}"
+            )
+        return total - body_iters, body_iters
+
     def train_phases(
         self,
         objective: nn.Module,
@@ -89,20 +100,11 @@ class PCSMethod(Method):
         first: tuple[str, set[str]],
         second: tuple[str, set[str]],
     ) -> dict[str, float]:
-        """Train only the parameters named in ``first`` for ``local_iters - body_iters``
-        steps, then those in ``second`` for ``body_iters`` steps (``loss_<phase>`` each;
-        ``loss`` is the last phase's)."""
-        body_iters: int = self.config.body_iters  # type: ignore[attr-defined]
-        if body_iters > ctx.train.local_iters:
-            raise ConfigError(
-                f"method.body_iters must be <= train.local_iters ({ctx.train.local_iters}), "
-                f"got {body_iters}"
-            )
+        """Train only the parameters named in ``first``, then those in ``second``, for the
+        steps :meth:`phase_steps` gives (``loss_<phase>`` each; ``loss`` is the last
+        phase's)."""
         metrics: dict[str, float] = {}
-        for (phase, names), iters in (
-            (first, ctx.train.local_iters - body_iters),
-            (second, body_iters),
-        ):
+        for (phase, names), iters in zip((first, second), self.phase_steps(ctx), strict=True):
             if iters == 0:
                 continue
             with trainable_only(ctx.model, names) as params:
@@ -136,9 +138,10 @@ class FedLC(PCSMethod):
     Each local iteration minimises ``seg(main) + alpha * L_c + seg(calibrated)``: ``L_c``
     pushes the site's channel attention away from the other embeddings' (it trains the
     channel selection only), the calibrated prediction trains only the calibration head
-    (features detached). The first ``local_iters - body_iters`` iterations update only the
-    personal parts (head, channel selection, calibration); the last ``body_iters`` update
-    everything. The server averages the body by sample count.
+    (features detached). A round makes the run's steps (``train.local_iters``, or
+    ``local_epochs`` passes over the site's data); its first ``personal_iters`` steps (default:
+    ``personal_fraction`` of them) update only the personal parts (head, channel selection,
+    calibration), the rest update everything. The server averages the body by sample count.
 
     Reference: Wang, Jin, Wang, "Personalizing Federated Medical Image Segmentation via Local
     Calibration", ECCV 2022.
@@ -149,8 +152,13 @@ class FedLC(PCSMethod):
 
         alpha: float = Field(0.1, ge=0)
         """Weight of the contrastive site-embedding loss L_c (0.1 in the FedLPPA comparison)."""
-        body_iters: int = Field(2, ge=0)
-        """Last local iterations that also train the shared body (FedLPPA's rep_iters 2)."""
+        personal_iters: int | None = Field(None, ge=0)
+        """Steps at the start of a round that train only the personal parts (LC-Fed's
+        ``head_iter``, 10 batches of each epoch); a shorter round trains only them. Default:
+        ``personal_fraction`` of the round's steps."""
+        personal_fraction: float = Field(0.2, ge=0, le=1)
+        """Share of a round's steps (rounded) that train only the personal parts; 0.2 is
+        LC-Fed's 10 of the ~53 batches per epoch of its large fundus sites."""
         calibration: bool = True
         """Train the head calibration and evaluate with its output (LC-Fed's ``hc``)."""
         pcs_shared: bool = False
@@ -161,6 +169,12 @@ class FedLC(PCSMethod):
         """Sigma of the Gaussian that blurs peaks and prediction."""
         hc_threshold: float = Field(0.2, ge=0, le=1)
         """Minimum normalised disagreement of a peak."""
+
+        @model_validator(mode="after")
+        def _one_split(self) -> FedLC.Config:
+            if self.personal_iters is not None and "personal_fraction" in self.model_fields_set:
+                raise ValueError("set personal_iters or personal_fraction, not both")
+            return self
 
     config: Config
     partition = Partition(private=("pcs.*", "hc.*"))
@@ -179,6 +193,15 @@ class FedLC(PCSMethod):
             hc_threshold=c.hc_threshold,
             **self.unet_kwargs(),
         )
+
+    def phase_steps(self, ctx: ClientContext) -> tuple[int, int]:
+        """Personal-only steps, then steps training everything; together the round's steps."""
+        total, cfg = ctx.steps(), self.config
+        personal = cfg.personal_iters
+        if personal is None:
+            personal = round(cfg.personal_fraction * total)
+        personal = min(personal, total)
+        return personal, total - personal
 
     def download_template(self, model: nn.Module) -> Template:
         """The partition's download plus every site's head as ``peer_head.<i>.*``."""
