@@ -382,8 +382,8 @@ def _predict_volume(
     import nibabel as nib
 
     info = sm.info
+    canon, data = load_ras_volume(path, "image")  # a damaged file is named as such first
     _check_channels(info, path, 1)
-    canon, data = load_ras_volume(path, "image")
     order = [axis] + [a for a in range(3) if a != axis]
     volume = normalize_intensity(np.transpose(data, order))
     if info.ndim == 2:

@@ -464,6 +464,14 @@ def test_import_folder_refuses_an_unreadable_image(tmp_path):
     _no_output(tmp_path / "out")
 
 
+def test_import_folder_of_a_site_with_images_but_no_masks(tmp_path):
+    site = _folder_site(tmp_path / "src")
+    shutil.rmtree(site / "masks")
+    code, text = _import_folder(tmp_path / "src", tmp_path / "out")
+    assert code == 2 and f"{site}: has images/ but no masks/; expected both" in text, text
+    _no_output(tmp_path / "out")
+
+
 @pytest.mark.parametrize("which", ["sample", "weak label"])
 def test_a_pipe_in_place_of_a_file_does_not_hang_the_check(fed, tmp_path, which):
     path = _sample(fed) if which == "sample" else _weak(fed)

@@ -243,3 +243,42 @@ def test_existing_data_root_that_data_synth_does_not_describe(fed, tmp_path, syn
     assert code == 2, text
     assert f"data.root {fed}" in text or "--names paper" in text, text
     assert not (tmp_path / "run" / "rounds.jsonl").exists()
+
+
+def _unusable_cuda() -> str:
+    import torch
+
+    return f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"
+
+
+@pytest.mark.parametrize("where", ["config", "--set"])
+def test_a_cuda_device_this_torch_cannot_use(fed, tmp_path, where):
+    device = _unusable_cuda()
+    path = _config(fed, tmp_path)
+    extra: tuple[str, ...] = ("--set", f"engine.device={device}")
+    if where == "config":
+        raw = yaml.safe_load(path.read_text())
+        raw["engine"]["device"] = device
+        path.write_text(yaml.safe_dump(raw))
+        extra = ()
+    code, text = _cli("run", str(path), "--out", str(tmp_path / "run"), *extra)
+    assert code == 2 and f"engine.device: {device!r} requested but this " in text, text
+    assert len(text.strip().splitlines()) == 1 and not (tmp_path / "run/results.json").exists()
+
+
+def test_predict_on_a_damaged_volume_says_it_cannot_be_read(finished, tmp_path):
+    import gzip
+
+    import nibabel as nib
+    import numpy as np
+
+    good = tmp_path / "good.nii.gz"
+    nib.save(nib.Nifti1Image(np.zeros((8, 8, 8), np.float32), np.eye(4)), good)
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    damaged = inputs / "scan.nii.gz"
+    damaged.write_bytes(gzip.compress(gzip.decompress(good.read_bytes())[:200]))  # cut short
+    args = ("predict", str(finished), "--site", "A", "--input", str(inputs))
+    code, text = _cli(*args, "--out", str(tmp_path / "out"))
+    assert code == 2 and f"{damaged}: damaged or unreadable as a NIfTI volume" in text, text
+    assert "channel" not in text

@@ -57,13 +57,16 @@ def find_pairs(
     ``mask_suffix`` is given, ``<id>.*`` with ``<id><mask_suffix>.*`` side by side.
 
     Raises:
-        DataError: no images, or an image without its mask or a mask without its image.
+        DataError: a missing sub-folder, no images, or an image without its mask or a mask
+            without its image.
     """
     img_dir, mask_dir = folder / images_dir, folder / masks_dir
     if not img_dir.is_dir():
         if not mask_suffix:
             raise DataError(f"{folder}: expected sub-folders {images_dir}/ and {masks_dir}/")
         img_dir = mask_dir = folder
+    if not mask_dir.is_dir():
+        raise DataError(f"{folder}: has {images_dir}/ but no {masks_dir}/; expected both")
     files = [p for p in img_dir.iterdir() if _has_ext(p, extensions)]
     mask_files = [p for p in mask_dir.iterdir() if _has_ext(p, extensions)]
     if mask_suffix and img_dir == mask_dir:
