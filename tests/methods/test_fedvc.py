@@ -11,7 +11,7 @@ from fedseg.engine.simulation import Simulation
 from fedseg.errors import ConfigError
 from fedseg.methods import TrainSettings, get_method
 from fedseg.methods.base import ServerContext
-from fedseg.methods.fedvc import pseudo_labels, virtual_class_loss
+from fedseg.methods.fedvc import pseudo_labels, virtual_class_loss, virtual_usage
 from fedseg.models.fpn import PVTv2FPN
 from fedseg.models.paa import PAA
 from fedseg.models.unet import UNet
@@ -72,13 +72,17 @@ def test_pseudo_labels_over_all_or_within_the_real_class_block():
 def test_virtual_loss_is_eq5_with_real_logits_masked_and_sends_no_gradient_to_them():
     logits = torch.tensor([3.0, -1.0, 0.5, 2.0, -0.5]).reshape(1, 5, 1, 1).requires_grad_()
     labels = torch.zeros(1, 1, 1, dtype=torch.long)
-    _, parts = virtual_class_loss(logits, labels, num_classes=2, ignore_index=255)
+    _, parts = virtual_class_loss(
+        logits, labels, num_classes=2, ignore_index=255, pseudo_label="all"
+    )
     # masked vector [0, 0, 0.5, 2.0, -0.5], pseudo-label = virtual class with 2.0
     expected = -(2.0 - math.log(2 * math.exp(0) + math.exp(0.5) + math.exp(2.0) + math.exp(-0.5)))
     assert parts["virtual"].item() == pytest.approx(expected, rel=1e-6)
     grads = [
         torch.autograd.grad(
-            virtual_class_loss(logits, labels, num_classes=2, ignore_index=255, lambda_v=lv)[0],
+            virtual_class_loss(
+                logits, labels, num_classes=2, ignore_index=255, lambda_v=lv, pseudo_label="all"
+            )[0],
             logits,
         )[0]
         for lv in (0.0, 1.0)
@@ -88,7 +92,7 @@ def test_virtual_loss_is_eq5_with_real_logits_masked_and_sends_no_gradient_to_th
 
 
 def test_loss_weights_combine_as_eq8():
-    logits = torch.randn(2, 7, 4, 4)
+    logits = torch.randn(2, 9, 4, 4)
     labels = torch.randint(0, 3, (2, 4, 4))
     total, p = virtual_class_loss(
         logits, labels, num_classes=3, ignore_index=255, lambda_r=0.5, lambda_v=2.0
@@ -97,6 +101,52 @@ def test_loss_weights_combine_as_eq8():
     plain, q = virtual_class_loss(logits[:, :3], labels, num_classes=3, ignore_index=255)
     assert q["virtual"].item() == 0.0
     assert plain.item() == pytest.approx((q["dice"] + q["ce"]).item())
+
+
+def test_virtual_usage_counts_rows_entropy_and_rows_shared_by_classes():
+    # C = 2 classes x V = 4 rows; class 0 spread evenly over rows 0-1, class 1 on row 1 and 3
+    counts = torch.tensor([[50, 50, 0, 0], [0, 60, 0, 40]])
+    usage = virtual_usage(counts)
+    assert usage["vc_rows_c0"] == 2 and usage["vc_rows_c1"] == 2
+    assert usage["vc_entropy_c0"] == pytest.approx(1.0)
+    h1 = -(0.6 * math.log2(0.6) + 0.4 * math.log2(0.4))
+    assert usage["vc_entropy_c1"] == pytest.approx(h1)
+    assert usage["vc_shared"] == pytest.approx(50 / 200)  # row 1: 60 of class 1 win, 50 lost
+    rare = virtual_usage(torch.tensor([[995, 5, 0, 0], [0, 0, 0, 0]]))
+    assert rare["vc_rows_c0"] == 1 and "vc_rows_c1" not in rare  # < 1 %; class absent
+    assert rare["vc_shared"] == 0.0
+
+
+def test_loss_counts_labelled_pixels_per_class_and_pseudo_label_row():
+    logits = torch.randn(2, 2 + 4, 5, 5)
+    labels = torch.randint(0, 2, (2, 5, 5))
+    labels[0, 0] = 255  # five unlabelled pixels are not counted
+    for mode in ("all", "per_class"):
+        counts = torch.zeros(2, 4, dtype=torch.long)
+        virtual_class_loss(
+            logits, labels, num_classes=2, ignore_index=255, pseudo_label=mode, counts=counts
+        )
+        target = pseudo_labels(logits[:, 2:], labels, 2, mode, 255)
+        keep = labels != 255
+        for c in (0, 1):
+            want = torch.bincount(target[keep & (labels == c)] - 2, minlength=4)
+            assert torch.equal(counts[c], want), mode
+        assert counts.sum() == 45
+    assert counts[0, 2:].sum() == 0 and counts[1, :2].sum() == 0  # per_class: own block only
+
+
+@pytest.mark.parametrize("mode", ["per_class", "all"])
+def test_rounds_log_virtual_row_usage_per_class(mode):
+    method, data = _method(pseudo_label=mode)
+    record = Simulation(method, data, TRAIN, seed=0).round(0)
+    per_class = method.num_virtual // 3
+    for metrics in record["clients"].values():
+        for c in range(3):
+            assert 1 <= metrics[f"vc_rows_c{c}"] <= (per_class if mode == "per_class" else 9)
+            assert 0 <= metrics[f"vc_entropy_c{c}"] <= math.log2(metrics[f"vc_rows_c{c}"]) + 0.1
+        assert 0 <= metrics["vc_shared"] <= 1
+        if mode == "per_class":
+            assert metrics["vc_shared"] == 0.0
 
 
 def test_default_partition_keeps_virtual_rows_queries_and_modulation_on_the_site():
@@ -154,11 +204,13 @@ def test_plain_options_give_the_plain_unet():
 
 
 def test_virtual_count_options_and_errors():
-    assert _method(virtual_factor=0.25)[0].num_virtual == 2  # round(9 / 4)
+    assert _method(virtual_factor=0.25)[0].num_virtual == 3  # per class: max(1, round(3 / 4))
+    assert _method(virtual_factor=0.25, pseudo_label="all")[0].num_virtual == 2  # round(9 / 4)
     assert _method(virtual_factor=4)[0].num_virtual == 36
-    assert _method(virtual_classes=5)[0].num_virtual == 5
+    assert _method(virtual_factor=0.5, sites=5)[0].num_virtual == 6  # 3 x round(2.5), not 7
     with pytest.raises(ConfigError, match=r"method\.pseudo_label"):
-        _method(virtual_classes=5, pseudo_label="per_class")
+        _method(virtual_classes=5)
+    assert _method(virtual_classes=5, pseudo_label="all")[0].num_virtual == 5
     cls = get_method("fedvc")
     with pytest.raises(ValueError, match="not both"):
         cls.Config(virtual_classes=5, virtual_factor=2)

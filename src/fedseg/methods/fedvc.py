@@ -36,7 +36,7 @@ from fedseg.models.registry import ModelConfig
 from fedseg.models.unet import UNetConfig
 from fedseg.models.vc_net import PAAUNet, attach_virtual_head
 
-__all__ = ["FedVC", "pseudo_labels", "virtual_class_loss"]
+__all__ = ["FedVC", "pseudo_labels", "virtual_class_loss", "virtual_usage"]
 
 PAAPart = Literal["query", "key", "modulation"]
 VIRTUAL_KEY = "decoder.head.virtual"
@@ -75,14 +75,16 @@ def virtual_class_loss(
     ignore_index: int,
     lambda_r: float = 1.0,
     lambda_v: float = 1.0,
-    pseudo_label: Literal["all", "per_class"] = "all",
+    pseudo_label: Literal["all", "per_class"] = "per_class",
+    counts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Eq. 8: ``L_dice + lambda_r * L_r + lambda_v * L_v`` and its terms.
 
     ``L_dice`` and ``L_r`` (cross-entropy, Eq. 4) use the ``C`` real logits. ``L_v`` (Eq. 5) is
     the cross-entropy of the masked logits (Eqs. 6-7: the real logits replaced by 0, so no
     gradient reaches them) against the pseudo-labels of :func:`pseudo_labels`. Without virtual
-    channels ``L_v`` is 0.
+    channels ``L_v`` is 0. ``counts`` (``C x V``), if given, is incremented by the labelled
+    pixels per (real class, pseudo-label row): the input of :func:`virtual_usage`.
     """
     real = logits[:, :num_classes]
     dice = SoftDiceLoss(num_classes, ignore_index=ignore_index)(real, labels)
@@ -95,8 +97,40 @@ def virtual_class_loss(
         per_pixel = F.cross_entropy(masked, target, ignore_index=ignore_index, reduction="none")
         valid = (target != ignore_index).sum()
         lv = per_pixel.sum() / valid.clamp(min=1)
+        if counts is not None:
+            counts += _row_counts(target, labels, num_classes, virtual.shape[1], ignore_index)
     total = dice + lambda_r * ce + lambda_v * lv
     return total, {"dice": dice.detach(), "ce": ce.detach(), "virtual": lv.detach()}
+
+
+def _row_counts(
+    target: torch.Tensor, labels: torch.Tensor, num_classes: int, num_virtual: int, ignore: int
+) -> torch.Tensor:
+    """Labelled pixels per (real class, virtual row) of ``target`` (``C x V``)."""
+    keep = (labels != ignore) & (target != ignore)
+    pair = labels[keep].long() * num_virtual + (target[keep] - num_classes)
+    return torch.bincount(pair, minlength=num_classes * num_virtual).view(num_classes, -1)
+
+
+def virtual_usage(counts: torch.Tensor, min_share: float = 0.01) -> dict[str, float]:
+    """Utilisation of the virtual rows from ``C x V`` pixel counts (:func:`virtual_class_loss`).
+
+    Per real class ``c`` with pixels: ``vc_rows_c<c>``, the rows holding at least
+    ``min_share`` of them, and ``vc_entropy_c<c>``, the entropy (bits) of their distribution
+    over the rows. ``vc_shared``: the share of all counted pixels whose row's majority class
+    is another class (0 when every row serves one class).
+    """
+    counts = counts.double()
+    out: dict[str, float] = {}
+    for c, row in enumerate(counts):
+        if row.sum() == 0:
+            continue
+        p = row / row.sum()
+        out[f"vc_rows_c{c}"] = float((p >= min_share).sum())
+        out[f"vc_entropy_c{c}"] = float(-(p[p > 0] * p[p > 0].log2()).sum())
+    if counts.sum() > 0:
+        out["vc_shared"] = float(1 - counts.max(0).values.sum() / counts.sum())
+    return out
 
 
 @register_method("fedvc")
@@ -120,16 +154,18 @@ class FedVC(FedAvg):
         virtual_classes: PositiveInt | None = None
         """Number of virtual classes V (default ``virtual_factor * C * N``)."""
         virtual_factor: PositiveFloat = 1.0
-        """V in units of C*N (C real classes incl. background, N sites); Fig. 8: 1/4 ... 4."""
+        """V in units of C*N (C real classes incl. background, N sites); Fig. 8: 1/4 ... 4.
+        With ``per_class`` the rows per class, ``virtual_factor * N``, are rounded."""
         scale: PositiveFloat = 10.0
         """Logit scale s: logits are s * cosine similarity."""
         lambda_r: float = Field(1.0, ge=0)
         """Weight of the real-class cross-entropy L_r."""
         lambda_v: float = Field(1.0, ge=0)
         """Weight of the virtual-class loss L_v."""
-        pseudo_label: Literal["all", "per_class"] = "all"
-        """Pseudo-label over ``all`` V virtual classes (Eq. 5) or over the V/C ones of the
-        pixel's real class (``per_class``; V must be a multiple of C)."""
+        pseudo_label: Literal["all", "per_class"] = "per_class"
+        """Pseudo-label over the V/C virtual classes of the pixel's real class (``per_class``,
+        the paper's several virtual classes per real class; V must be a multiple of C) or
+        over ``all`` V (Eq. 5 literally)."""
         paa: bool = True
         """Personalized affinity aggregation in the decoder."""
         paa_shared: tuple[PAAPart, ...] = ("key",)
@@ -173,7 +209,10 @@ class FedVC(FedAvg):
         cfg, spec = self.config, self.spec
         if cfg.virtual_classes is not None:
             return cfg.virtual_classes
-        return max(1, round(cfg.virtual_factor * spec.num_classes * len(spec.sites)))
+        c, n = spec.num_classes, len(spec.sites)
+        if cfg.pseudo_label == "per_class":
+            return c * max(1, round(cfg.virtual_factor * n))
+        return max(1, round(cfg.virtual_factor * c * n))
 
     # -- network and partition -------------------------------------------------------------
     def build_model(self) -> nn.Module:
@@ -199,6 +238,9 @@ class FedVC(FedAvg):
     def train_round(self, payload: Payload, ctx: ClientContext) -> dict[str, float]:
         cfg, spec = self.config, ctx.spec
         terms: dict[str, float] = {"dice": 0.0, "ce": 0.0, "virtual": 0.0}
+        counts = torch.zeros(
+            spec.num_classes, self.num_virtual, dtype=torch.long, device=ctx.device
+        )
 
         def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
             total, parts = virtual_class_loss(
@@ -209,6 +251,7 @@ class FedVC(FedAvg):
                 lambda_r=cfg.lambda_r,
                 lambda_v=cfg.lambda_v,
                 pseudo_label=cfg.pseudo_label,
+                counts=counts,
             )
             for k, v in parts.items():
                 terms[k] += float(v)
@@ -216,7 +259,7 @@ class FedVC(FedAvg):
 
         out = train_steps(ctx.model, ctx, loss)
         n = max(ctx.steps(), 1)
-        return out | {f"loss_{k}": v / n for k, v in terms.items()}
+        return out | {f"loss_{k}": v / n for k, v in terms.items()} | virtual_usage(counts)
 
     def server_step(
         self, uploads: Mapping[str, Payload], state: State, ctx: ServerContext
