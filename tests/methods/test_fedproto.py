@@ -28,8 +28,11 @@ def test_regulariser_is_mse_to_the_class_prototype_and_pulls_features_there():
     f = torch.randn(4, 4, generator=gen, requires_grad=True)
     value = prototype_mse(f, classes, protos, counts)
     # rows of classes 0 and 1 against their prototypes; class 2's row adds 0 but counts
-    expected = (f[:3] - protos[classes[:3]]).pow(2).sum() / (4 * 4)
-    torch.testing.assert_close(value, expected)
+    rows = (f[:3] - protos[classes[:3]]).pow(2).mean(1)
+    torch.testing.assert_close(value, (rows[0] + (rows[1] + rows[2]) / 2 + 0) / 3)
+    # balance: pixels is the reference code's MSE over N x D
+    pixels = prototype_mse(f, classes, protos, counts, "pixels")
+    torch.testing.assert_close(pixels, (f[:3] - protos[classes[:3]]).pow(2).sum() / (4 * 4))
     value.backward()
     assert torch.equal(f.grad[3], torch.zeros(4))
     step = f.detach() - 1.0 * f.grad

@@ -4,6 +4,7 @@ import torch
 
 from fedseg.engine.simulation import Simulation
 from fedseg.methods import TrainSettings, get_method
+from fedseg.methods.balanced import pixel_weights
 from fedseg.methods.feduv import uniformity_loss, variance_loss
 from fedseg.testing import toy_federation
 
@@ -15,13 +16,16 @@ def test_variance_penalty_is_high_when_class_probabilities_collapse():
     collapsed = torch.randn(1, 4, generator=gen).repeat(64, 1)  # every pixel predicts alike
     spread = torch.randn(64, 4, generator=gen) * 5
     identity = 30 * torch.eye(4)  # one confident sample per class: gamma is reached
-    gamma = 1 / math.sqrt(4)
+    gamma = math.sqrt(3) / 4  # population std of a column of the 4 x 4 identity
     assert math.isclose(float(variance_loss(collapsed)), gamma, rel_tol=1e-5)
     assert float(variance_loss(spread)) < 0.5 * gamma
     assert float(variance_loss(identity)) < 1e-6
-    # binary segmentation: gamma = 1/sqrt(2) is above any std of N >> 2 probabilities
-    half = torch.tensor([[10.0, -10.0], [-10.0, 10.0]]).repeat(32, 1)
-    assert 0.2 < float(variance_loss(half)) < 0.3
+    # binary segmentation: a confident prediction meets gamma = 1/2 when both classes weigh
+    # the same; 60 background to 4 foreground pixels do not, unless weighted by class
+    rows = torch.tensor([[10.0, -10.0]] * 60 + [[-10.0, 10.0]] * 4)
+    classes = torch.tensor([0] * 60 + [1] * 4)
+    assert 0.2 < float(variance_loss(rows)) < 0.3
+    assert float(variance_loss(rows, pixel_weights(classes))) < 1e-6
     assert float(variance_loss(torch.randn(1, 2))) == 0.0  # one sample: no std
 
 
@@ -47,8 +51,8 @@ def test_uniformity_is_lower_for_spread_embeddings():
     torch.testing.assert_close(uniformity_loss(10 * spread), uniformity_loss(spread))
     # by hand on three points
     z = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 2.0]])
-    d2 = torch.tensor([1.0, 4.0, 5.0])
-    torch.testing.assert_close(uniformity_loss(z), (-d2 / 4.0).exp().mean())
+    d2 = torch.tensor([1.0, 4.0, 5.0])  # median 4; the 3 self-pairs count exp(0) = 1
+    torch.testing.assert_close(uniformity_loss(z), 1 / 3 + 2 / 9 * (-d2 / 4.0).exp().sum())
     assert float(uniformity_loss(torch.ones(5, 3))) == 0.0  # no pair apart
 
 

@@ -5,10 +5,10 @@ of uploaded prototypes, and a base method whose payloads carry extra tensors bes
 
 Port of classification-feature methods to segmentation: a pixel is a sample, its feature is
 the named level's vector at that pixel (``dec1``, the full-resolution map that feeds the
-segmentation head, by default). Class-balanced pixel sampling and the ``(logits, feature)``
-view of a network come from :mod:`fedseg.methods.clustered_prototypes` (shared with
-FedContrast and FedPLVM), whose setting names (``level``, ``pixels``, ``weighting``) these
-methods use too.
+segmentation head, by default). Class-balanced pixel samples come from
+:mod:`fedseg.methods.balanced` and the ``(logits, feature)`` view of a network from
+:mod:`fedseg.methods.clustered_prototypes` (shared with FedContrast and FedPLVM), whose
+setting names (``level``, ``pixels``, ``weighting``, ``balance``) these methods use too.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from torch import nn
 
 from fedseg.errors import ConfigError
 from fedseg.methods.aggregate import weighted_average
+from fedseg.methods.balanced import Balance
 from fedseg.methods.base import (
     ClientContext,
     FederationSpec,
@@ -42,6 +43,7 @@ from fedseg.models.registry import ModelConfig
 __all__ = [
     "AlignmentConfig",
     "AlignmentMethod",
+    "BalancedConfig",
     "Terms",
     "class_members",
     "feature_dim",
@@ -60,11 +62,21 @@ class AlignmentConfig(MethodConfig):
     level: str = "dec1"
     """Feature map whose pixels are the samples (a UNet feature name, or a sub-module name)."""
     pixels: PositiveInt = 4096
-    """Pixels per class per batch that enter a per-pixel loss (class-balanced cap; MOON:
-    pixels per batch, label-free)."""
+    """Pixels per class per batch that enter a per-pixel loss (a memory cap; MOON: pixels
+    per batch, label-free). The class balance is ``balance`` (BalancedConfig)."""
     weighting: Weighting = "samples"
     """Model averaging: ``samples`` (FedBCS's protocol, and these papers' own) or
     ``uniform``."""
+
+
+class BalancedConfig(AlignmentConfig):
+    """Settings of the baselines whose losses average over labelled pixels."""
+
+    balance: Balance = "classes"
+    """Average of the per-pixel loss terms: ``classes`` (every class present in a batch
+    weighs the same, the port rules' class-balanced sample at any resolution) or ``pixels``
+    (plain mean over the sampled pixels, background-dominated when the per-class cap does
+    not bind, e.g. at 32-64 px)."""
 
 
 def feature_dim(model: nn.Module, spec: FederationSpec, level: str) -> int:

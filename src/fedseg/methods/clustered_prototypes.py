@@ -1,7 +1,7 @@
 """Shared pieces of the FedBCS comparison's prototype baselines (FedContrast, FedPLVM; MOON,
-FedProto, FPL and FedUV use them too): class-balanced pixel sampling, a multi-positive
-prototype InfoNCE (with FedPLVM's optional alpha power), seeded k-means, aggregation weights,
-a ``(logits, features)`` view of a network and an ordered feature pass.
+FedProto, FPL and FedUV use them too): a multi-positive prototype InfoNCE (with FedPLVM's
+optional alpha power, class-balanced by :mod:`fedseg.methods.balanced`), seeded k-means,
+aggregation weights, a ``(logits, features)`` view of a network and an ordered feature pass.
 
 A pixel of the chosen feature map (default ``dec1``, the UNet's full-resolution penultimate
 decoder map, the segmentation analogue of the classifiers' penultimate features) is a sample.
@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedseg.methods.aggregate import sample_weights
+from fedseg.methods.balanced import Balance, balanced_mean
 from fedseg.methods.base import ClientContext, Payload
-from fedseg.methods.prototypes import resize_labels
 from fedseg.models.features import named_features
 
 __all__ = [
@@ -26,9 +26,9 @@ __all__ = [
     "Weighting",
     "aggregation_weights",
     "feature_pass",
+    "infonce_rows",
     "kmeans",
     "prototype_infonce",
-    "sample_pixels",
 ]
 
 Weighting = Literal["samples", "uniform"]
@@ -42,26 +42,32 @@ def aggregation_weights(uploads: Mapping[str, Payload], weighting: Weighting) ->
     return {s: 1.0 / len(uploads) for s in uploads}
 
 
-def sample_pixels(
+def infonce_rows(
     features: torch.Tensor,
-    labels: torch.Tensor,
-    num_classes: int,
-    cap: int,
-    generator: torch.Generator,
+    classes: torch.Tensor,
+    prototypes: torch.Tensor,
+    proto_classes: torch.Tensor,
+    tau: float,
+    alpha: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(features [P, D], classes [P])`` of the labelled pixels of ``features`` ``[B, D, *S]``
-    (labels resized to ``S`` with legacy nearest; ignored pixels match no class), at most
-    ``cap`` per class, drawn without replacement with ``generator`` when a class has more."""
-    y = resize_labels(labels, tuple(features.shape[2:])).flatten().cpu()
-    f = features.flatten(2).transpose(1, 2).reshape(-1, features.shape[1])
-    picks = []
-    for c in range(num_classes):
-        idx = torch.nonzero(y == c).flatten()
-        if len(idx) > cap:
-            idx = idx[torch.randperm(len(idx), generator=generator)[:cap]]
-        picks.append(idx)
-    chosen = torch.cat(picks)
-    return f[chosen.to(f.device)], y[chosen].to(f.device)
+    """Per pixel ``-log(sum_pos exp(s/tau) / sum_all exp(s/tau))`` with ``s = cos(f, p)``
+    (``alpha == 1``) or FedPLVM's ``s = max(cos, eps)^alpha``, by log-sum-exp: ``(values [N],
+    has [N])``. Positives are the prototypes of the pixel's class, negatives every other
+    prototype; a pixel whose class has no prototype (``has`` false) has the value 0."""
+    if len(prototypes) == 0 or len(features) == 0:
+        none = torch.zeros(len(features), dtype=torch.bool, device=features.device)
+        return features.sum(1) * 0.0, none
+    sim = F.normalize(features, dim=1) @ F.normalize(prototypes.to(features), dim=1).T
+    if alpha != 1.0:
+        # cos^alpha is undefined below 0 and has an infinite slope at 0: clamp (no gradient
+        # below eps), as FedPLVM needs non-negative (post-ReLU) features anyway
+        sim = sim.clamp(min=1e-4).pow(alpha)
+    logits = sim / tau
+    pos = classes[:, None] == proto_classes.to(classes.device)[None, :]
+    has = pos.any(1)
+    pos = pos | ~has[:, None]  # a row without positives: numerator = denominator, value 0
+    num = torch.logsumexp(logits.masked_fill(~pos, float("-inf")), dim=1)
+    return torch.logsumexp(logits, dim=1) - num, has
 
 
 def prototype_infonce(
@@ -71,27 +77,15 @@ def prototype_infonce(
     proto_classes: torch.Tensor,
     tau: float,
     alpha: float = 1.0,
+    balance: Balance = "classes",
 ) -> torch.Tensor:
-    """Mean over pixels of ``-log(sum_pos exp(s/tau) / sum_all exp(s/tau))`` with
-    ``s = cos(f, p)`` (``alpha == 1``) or FedPLVM's ``s = max(cos, eps)^alpha``.
-
-    Positives are the prototypes of the pixel's class, negatives every other prototype; pixels
-    whose class has no prototype are skipped (zero loss, still connected to the graph)."""
-    if len(prototypes) == 0 or len(features) == 0:
-        return features.sum() * 0.0
-    sim = F.normalize(features, dim=1) @ F.normalize(prototypes.to(features), dim=1).T
-    if alpha != 1.0:
-        # cos^alpha is undefined below 0 and has an infinite slope at 0: clamp (no gradient
-        # below eps), as FedPLVM needs non-negative (post-ReLU) features anyway
-        sim = sim.clamp(min=1e-4).pow(alpha)
-    logits = sim / tau
-    pos = classes[:, None] == proto_classes.to(classes.device)[None, :]
-    has = pos.any(1)
+    """:func:`infonce_rows` averaged over the pixels whose class has a prototype, each class
+    weighing the same (``balance: classes``) or each pixel (``pixels``); 0, still connected
+    to the graph, when no pixel has one."""
+    values, has = infonce_rows(features, classes, prototypes, proto_classes, tau, alpha)
     if not has.any():
         return features.sum() * 0.0
-    logits, pos = logits[has], pos[has]
-    num = torch.logsumexp(logits.masked_fill(~pos, float("-inf")), dim=1)
-    return (torch.logsumexp(logits, dim=1) - num).mean()
+    return balanced_mean(values[has], classes[has], balance)
 
 
 def kmeans(

@@ -7,14 +7,14 @@ inter-client prototype InfoNCE. No code of the paper is public; see docs/methods
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
 
 import torch
 from pydantic import Field, PositiveFloat, PositiveInt
 from torch import nn
 
 from fedseg.errors import ConfigError
-from fedseg.methods.alignment import AlignmentConfig, AlignmentMethod, train_with_terms
+from fedseg.methods.alignment import AlignmentMethod, BalancedConfig, train_with_terms
+from fedseg.methods.balanced import sample_pixels
 from fedseg.methods.base import (
     ClientContext,
     ClientResult,
@@ -31,13 +31,12 @@ from fedseg.methods.clustered_prototypes import (
     feature_pass,
     kmeans,
     prototype_infonce,
-    sample_pixels,
 )
 from fedseg.methods.prototypes import prototype_spec, prototype_tensors, read_prototypes
 from fedseg.methods.registry import register_method
 from fedseg.models.registry import ModelConfig
 
-__all__ = ["FedContrast", "allocate_prototypes", "class_balanced_infonce"]
+__all__ = ["FedContrast", "allocate_prototypes"]
 
 
 def allocate_prototypes(total: int, num_classes: int) -> list[int]:
@@ -52,25 +51,6 @@ def allocate_prototypes(total: int, num_classes: int) -> list[int]:
     for i in range(total - sum(share)):
         share[fg[i % len(fg)]] += 1
     return share
-
-
-def class_balanced_infonce(
-    features: torch.Tensor,
-    classes: torch.Tensor,
-    prototypes: torch.Tensor,
-    proto_classes: torch.Tensor,
-    tau: float,
-) -> torch.Tensor:
-    """:func:`prototype_infonce` averaged per class, then over the classes that have pixels
-    and prototypes: every class weighs the same however many of its pixels were sampled (the
-    balanced sample of the port rules at any resolution)."""
-    held = proto_classes.to(classes.device)
-    parts = [
-        prototype_infonce(features[classes == c], classes[classes == c], prototypes, held, tau)
-        for c in classes.unique().tolist()
-        if bool((held == c).any())
-    ]
-    return torch.stack(parts).mean() if parts else features.sum() * 0.0
 
 
 @register_method("fedcontrast")
@@ -90,8 +70,9 @@ class FedContrast(AlignmentMethod):
     Contrastive Learning and Global Process-Aware Aggregation", MICCAI 2023.
     """
 
-    class Config(AlignmentConfig):
-        """FedContrast settings (``level``, ``pixels``, ``weighting``: see AlignmentConfig)."""
+    class Config(BalancedConfig):
+        """FedContrast settings (``level``, ``pixels``, ``weighting``, ``balance``: see
+        BalancedConfig)."""
 
         prototypes: PositiveInt = 9
         """Local prototypes per site (FedBCS Table 3: 9), split over the classes."""
@@ -108,10 +89,6 @@ class FedContrast(AlignmentMethod):
         """Weight of the whole prototype loss added to the segmentation loss."""
         tau: PositiveFloat = 0.1
         """InfoNCE temperature."""
-        balance: Literal["classes", "pixels"] = "classes"
-        """Reduction of the per-pixel InfoNCE: ``classes`` (mean of per-class means, the
-        class-balanced loss of the port rules) or ``pixels`` (plain mean over the sampled
-        pixels, background-dominated when the cap does not bind, e.g. at 32-64 px)."""
 
     config: Config
     extra_names = ("protos", "protos.count", "peers", "peers.label")
@@ -170,7 +147,6 @@ class FedContrast(AlignmentMethod):
         own = self._nonempty(state["own"], state["own.count"]) if "own" in state else None
 
         active = cfg.weight > 0 and (len(peers[0]) > 0 or own is not None)
-        infonce = class_balanced_infonce if cfg.balance == "classes" else prototype_infonce
 
         def terms(
             _: torch.Tensor, feats: torch.Tensor, labels: torch.Tensor
@@ -178,9 +154,10 @@ class FedContrast(AlignmentMethod):
             if not active:
                 return {}
             f, y = sample_pixels(feats, labels, ctx.spec.num_classes, cfg.pixels, ctx.generator)
-            value = cfg.inter_weight * infonce(f, y, *peers, cfg.tau)
+            value = cfg.inter_weight * prototype_infonce(f, y, *peers, cfg.tau, 1.0, cfg.balance)
             if own is not None:
-                value = value + cfg.intra_weight * infonce(f, y, *own, cfg.tau)
+                intra = prototype_infonce(f, y, *own, cfg.tau, 1.0, cfg.balance)
+                value = value + cfg.intra_weight * intra
             return {"proto_loss": cfg.weight * value}
 
         metrics = train_with_terms(FeatureView(ctx.model, cfg.level), ctx, terms)

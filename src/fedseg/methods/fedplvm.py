@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from pydantic import Field, PositiveInt
 from torch import nn
 
-from fedseg.methods.alignment import AlignmentConfig, AlignmentMethod, train_with_terms
+from fedseg.methods.alignment import AlignmentMethod, BalancedConfig, train_with_terms
+from fedseg.methods.balanced import Balance, balanced_mean, sample_pixels
 from fedseg.methods.base import (
     ClientContext,
     ClientResult,
@@ -29,7 +30,6 @@ from fedseg.methods.clustered_prototypes import (
     Weighting,
     feature_pass,
     prototype_infonce,
-    sample_pixels,
 )
 from fedseg.methods.finch import finch_clusters
 from fedseg.methods.prototypes import class_sums, prototype_spec, prototype_tensors
@@ -39,16 +39,21 @@ __all__ = ["FedPLVM", "correction_loss", "finch_per_class", "image_class_means"]
 
 
 def correction_loss(
-    features: torch.Tensor, classes: torch.Tensor, means: torch.Tensor, counts: torch.Tensor
+    features: torch.Tensor,
+    classes: torch.Tensor,
+    means: torch.Tensor,
+    counts: torch.Tensor,
+    balance: Balance = "classes",
 ) -> torch.Tensor:
     """FedPLVM's ``2 * MSE(cos(f, mean prototype of f's class), 1)`` over the pixels whose
-    class has a mean prototype (``counts > 0``)."""
+    class has a mean prototype (``counts > 0``), averaged with
+    :func:`~fedseg.methods.balanced.balanced_mean`."""
     valid = counts.to(classes.device)[classes] > 0
     if not valid.any():
         return features.sum() * 0.0
     target = means.to(features)[classes[valid]]
     cos = F.cosine_similarity(features[valid], target, dim=1)
-    return 2.0 * (cos - 1.0).pow(2).mean()
+    return 2.0 * balanced_mean((cos - 1.0).pow(2), classes[valid], balance)
 
 
 def finch_per_class(
@@ -97,7 +102,7 @@ class FedPLVM(AlignmentMethod):
     Prototype Learning with Heterogeneous Data Domains", NeurIPS 2024.
     """
 
-    class Config(AlignmentConfig):
+    class Config(BalancedConfig):
         """FedPLVM settings (code defaults alpha 0.25, tau 0.07; ``level``, ``pixels``:
         see AlignmentConfig)."""
 
@@ -178,8 +183,9 @@ class FedPLVM(AlignmentMethod):
             if not active:
                 return {}
             f, y = sample_pixels(feats, labels, ctx.spec.num_classes, cfg.pixels, ctx.generator)
-            sparse = prototype_infonce(f, y, glob, glob_cls, cfg.tau, cfg.alpha)
-            return {"proto_loss": cfg.weight * (sparse + correction_loss(f, y, means, counts))}
+            sparse = prototype_infonce(f, y, glob, glob_cls, cfg.tau, cfg.alpha, cfg.balance)
+            corr = correction_loss(f, y, means, counts, cfg.balance)
+            return {"proto_loss": cfg.weight * (sparse + corr)}
 
         metrics = train_with_terms(FeatureView(ctx.model, cfg.level), ctx, terms)
         local, local_cls = self.local_clusters(ctx)

@@ -13,16 +13,16 @@ from collections.abc import Mapping
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
 from fedseg.methods.alignment import (
-    AlignmentConfig,
     AlignmentMethod,
+    BalancedConfig,
     class_members,
     train_with_terms,
 )
+from fedseg.methods.balanced import Balance, balanced_mean, sample_pixels
 from fedseg.methods.base import (
     ClientContext,
     ClientResult,
@@ -32,7 +32,7 @@ from fedseg.methods.base import (
     State,
     Template,
 )
-from fedseg.methods.clustered_prototypes import FeatureView, sample_pixels
+from fedseg.methods.clustered_prototypes import FeatureView
 from fedseg.methods.partition import Partition, ResolvedPartition
 from fedseg.methods.prototypes import (
     PrototypeAccumulator,
@@ -49,16 +49,21 @@ LOCAL_ONLY = Partition(shared=(), private=("*",))
 
 
 def prototype_mse(
-    features: torch.Tensor, classes: torch.Tensor, prototypes: torch.Tensor, counts: torch.Tensor
+    features: torch.Tensor,
+    classes: torch.Tensor,
+    prototypes: torch.Tensor,
+    counts: torch.Tensor,
+    balance: Balance = "classes",
 ) -> torch.Tensor:
-    """FedProto's regulariser: ``MSE(f, P_y)`` over rows ``[N, D]`` (mean over N x D); a row
-    whose class has no global prototype (count 0) is its own target, so it adds 0 but still
-    counts in the mean (as the reference code replaces only rows with a prototype)."""
+    """FedProto's regulariser: per row ``mean_d (f - P_y)^2`` over rows ``[N, D]``, averaged
+    with :func:`~fedseg.methods.balanced.balanced_mean` (``pixels``: the reference code's MSE
+    over N x D). A row whose class has no global prototype (count 0) adds 0 but still counts
+    in the mean (the reference code replaces only rows with a prototype)."""
     if len(features) == 0:
         return features.sum()
-    has = (counts.to(classes.device)[classes] > 0)[:, None]
-    target = torch.where(has, prototypes.to(features)[classes], features.detach())
-    return F.mse_loss(features, target)
+    has = counts.to(classes.device)[classes] > 0
+    rows = (features - prototypes.to(features)[classes]).pow(2).mean(1) * has
+    return balanced_mean(rows, classes, balance)
 
 
 @register_method("fedproto")
@@ -70,7 +75,7 @@ class FedProto(AlignmentMethod):
     Clients", AAAI 2022.
     """
 
-    class Config(AlignmentConfig):
+    class Config(BalancedConfig):
         """FedProto settings (see docs/methods/fedproto.md)."""
 
         weight: float = Field(1.0, ge=0)
@@ -120,7 +125,7 @@ class FedProto(AlignmentMethod):
             logits: torch.Tensor, feats: torch.Tensor, labels: torch.Tensor
         ) -> dict[str, torch.Tensor]:
             f, y = sample_pixels(feats, labels, spec.num_classes, cfg.pixels, ctx.generator)
-            return {"proto_mse": cfg.weight * prototype_mse(f, y, glob, counts)}
+            return {"proto_mse": cfg.weight * prototype_mse(f, y, glob, counts, cfg.balance)}
 
         acc = PrototypeAccumulator(spec.num_classes, spec.ignore_index)
         metrics = train_with_terms(FeatureView(model, cfg.level), ctx, terms, acc)

@@ -4,48 +4,68 @@ Local training adds ``std_coeff * L_var + unif_coeff * L_unif``: a hinge that ke
 per-class standard deviation of the predicted probabilities across samples at least that of
 the identity matrix's columns (so predictions do not collapse to one class, emulating an
 IID batch), and the hyperspherical uniformity of the features
-(``mean exp(-||z_i - z_j||^2 / median)`` over pairs). The server is FedAvg.
+(``mean exp(-||z_i - z_j||^2 / median)`` over pairs), both over a pixel sample whose classes
+weigh the same (``balance``, :mod:`fedseg.methods.balanced`). The server is FedAvg.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 from pydantic import Field, PositiveInt
 
-from fedseg.methods.alignment import (
-    AlignmentConfig,
-    AlignmentMethod,
-    random_pixels,
-    train_with_terms,
-)
+from fedseg.methods.alignment import AlignmentMethod, BalancedConfig, train_with_terms
+from fedseg.methods.balanced import pixel_weights, sample_pixels
 from fedseg.methods.base import ClientContext, ClientResult, Payload, State
-from fedseg.methods.clustered_prototypes import FeatureView, sample_pixels
+from fedseg.methods.clustered_prototypes import FeatureView
 from fedseg.methods.registry import register_method
 
 __all__ = ["FedUV", "uniformity_loss", "variance_loss"]
 
 
-def variance_loss(logits: torch.Tensor) -> torch.Tensor:
+def _uniform(n: int, like: torch.Tensor) -> torch.Tensor:
+    return torch.full((n,), 1.0 / max(n, 1), dtype=like.dtype, device=like.device)
+
+
+def variance_loss(logits: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
     """FedUV's variance hinge of logits ``[N, C]``: ``mean_c relu(gamma - std_n softmax_c)``
-    with the unbiased std over the N samples and ``gamma = 1 / sqrt(C)``, the mean column std
-    of the C x C identity (0 when N < 2)."""
+    with the ``weights``-weighted (default uniform) population std over the N samples and
+    ``gamma`` the population std of the C x C identity's columns, which a confident,
+    class-balanced prediction meets exactly (0 when N < 2)."""
     if len(logits) < 2:
         return logits.sum() * 0
     c = logits.shape[1]
-    gamma = torch.eye(c).std(dim=0).mean().item()
-    std = torch.softmax(logits, dim=1).std(dim=0)
-    return torch.relu(gamma - std).mean()
+    w = (_uniform(len(logits), logits) if weights is None else weights.to(logits))[:, None]
+    gamma = math.sqrt((c - 1) / c**2)
+    p = torch.softmax(logits, dim=1)
+    var = (w * (p - (w * p).sum(0)).pow(2)).sum(0)
+    return torch.relu(gamma - var.clamp_min(0).sqrt()).mean()
 
 
-def uniformity_loss(z: torch.Tensor) -> torch.Tensor:
-    """FedUV's uniformity of embeddings ``[N, D]``: ``mean exp(-d_ij^2 / sigma)`` over pairs,
-    with sigma the median of the non-zero squared pairwise distances (0 when no pair is
-    apart)."""
-    d2 = torch.pdist(z, p=2).pow(2)
-    apart = d2[d2 != 0]
-    if len(apart) == 0:
+def uniformity_loss(z: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """FedUV's uniformity of embeddings ``[N, D]``: ``sum_ij w_i w_j exp(-d_ij^2 / sigma)``
+    over all ordered pairs, ``i = j`` included (``weights`` default uniform, summing to 1),
+    with sigma the ``w_i w_j``-weighted median of the non-zero squared distances (0 when no
+    pair is apart). Repeating a row with its weight split leaves it unchanged."""
+    n = len(z)
+    w = _uniform(n, z) if weights is None else weights.to(z)
+    d2 = torch.pdist(z, p=2).pow(2)  # pairs i < j, row-major
+    i, j = torch.triu_indices(n, n, offset=1, device=z.device)
+    pair_w = w[i] * w[j]
+    apart = d2 != 0
+    if not apart.any():
         return z.sum() * 0
-    return d2.mul(-1 / torch.median(apart)).exp().mean()
+    sigma = _weighted_median(d2[apart], pair_w[apart])
+    return (w * w).sum() + 2 * (pair_w * d2.mul(-1 / sigma).exp()).sum()
+
+
+def _weighted_median(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """The smallest value at which the cumulative weight reaches half the total."""
+    order = values.argsort()
+    cum = weights[order].cumsum(0)
+    k = torch.searchsorted(cum, cum[-1] / 2).clamp(max=len(values) - 1)
+    return values[order[k]]
 
 
 @register_method("feduv")
@@ -56,7 +76,7 @@ class FedUV(AlignmentMethod):
     Heterogeneous Federated Learning", CVPR 2024.
     """
 
-    class Config(AlignmentConfig):
+    class Config(BalancedConfig):
         """FedUV settings (see docs/methods/feduv.md)."""
 
         std_coeff: float = Field(2.5, ge=0)
@@ -64,7 +84,8 @@ class FedUV(AlignmentMethod):
         unif_coeff: float = Field(0.5, ge=0)
         """Weight of the uniformity term (reference code: 0.5)."""
         unif_pixels: PositiveInt = 1024
-        """Pixels of a batch whose features enter the uniformity term (pdist is O(n^2))."""
+        """Pixels of a batch whose features enter the uniformity term, at most an equal
+        share per class (pdist is O(n^2))."""
 
     config: Config
     summary = "FedUV: FedAvg + class-probability variance hinge + feature uniformity"
@@ -76,13 +97,13 @@ class FedUV(AlignmentMethod):
         def terms(
             logits: torch.Tensor, feats: torch.Tensor, labels: torch.Tensor
         ) -> dict[str, torch.Tensor]:
-            k, cap, gen = spec.num_classes, cfg.pixels, ctx.generator
-            p, _ = sample_pixels(logits, labels, k, cap, gen)
-            z, _ = sample_pixels(feats, labels, k, cap, gen)
-            z = z[random_pixels(len(z), cfg.unif_pixels, gen, z.device)]
+            k, gen = spec.num_classes, ctx.generator
+            p, py = sample_pixels(logits, labels, k, cfg.pixels, gen)
+            share = max(1, min(cfg.pixels, cfg.unif_pixels // k))
+            z, zy = sample_pixels(feats, labels, k, share, gen)
             return {
-                "var": cfg.std_coeff * variance_loss(p),
-                "unif": cfg.unif_coeff * uniformity_loss(z),
+                "var": cfg.std_coeff * variance_loss(p, pixel_weights(py, cfg.balance)),
+                "unif": cfg.unif_coeff * uniformity_loss(z, pixel_weights(zy, cfg.balance)),
             }
 
         metrics = train_with_terms(FeatureView(model, cfg.level), ctx, terms)

@@ -16,11 +16,12 @@ from pydantic import Field, PositiveFloat
 from torch import nn
 
 from fedseg.methods.alignment import (
-    AlignmentConfig,
     AlignmentMethod,
+    BalancedConfig,
     class_members,
     train_with_terms,
 )
+from fedseg.methods.balanced import Balance, balanced_mean, sample_pixels
 from fedseg.methods.base import (
     ClientContext,
     ClientResult,
@@ -31,7 +32,7 @@ from fedseg.methods.base import (
     Template,
     TensorSpec,
 )
-from fedseg.methods.clustered_prototypes import FeatureView, prototype_infonce, sample_pixels
+from fedseg.methods.clustered_prototypes import FeatureView, infonce_rows
 from fedseg.methods.finch import finch_clusters
 from fedseg.methods.prototypes import (
     PrototypeAccumulator,
@@ -85,21 +86,22 @@ def fpl_losses(
     centre_class: torch.Tensor,
     num_classes: int,
     tau: float,
+    balance: Balance = "classes",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(L_xi, L_cu)`` of pixel features ``[N, D]`` with classes ``[N]``.
 
-    ``L_xi = -log(sum_{p in P_y} e^{cos(f,p)/tau} / sum_{p in all} e^{cos(f,p)/tau})`` and
-    ``L_cu = mean_d (f - mean(P_y))^2``, both summed over the rows whose class has centres
-    and divided by all N rows (FPL averages over the whole batch)."""
+    Per pixel ``L_xi = -log(sum_{p in P_y} e^{cos(f,p)/tau} / sum_{p in all} e^{cos(f,p)/tau})``
+    and ``L_cu = mean_d (f - mean(P_y))^2``, both 0 for a pixel whose class has no centres
+    (FPL divides by the whole batch); averaged over all N pixels with
+    :func:`~fedseg.methods.balanced.balanced_mean` (``balance``)."""
     zero = features.sum() * 0
     has = torch.isin(classes, centre_class)
     if len(centres) == 0 or not has.any():
         return zero, zero
-    share = has.sum() / len(features)
-    l_xi = prototype_infonce(features, classes, centres, centre_class, tau) * share
+    xi, _ = infonce_rows(features, classes, centres, centre_class, tau)
     unbiased, _ = unbiased_prototypes(centres, centre_class, num_classes)
-    l_cu = (features[has] - unbiased[classes[has]]).pow(2).mean(1).sum() / len(features)
-    return l_xi, l_cu
+    cu = (features - unbiased[classes]).pow(2).mean(1) * has
+    return balanced_mean(xi, classes, balance), balanced_mean(cu, classes, balance)
 
 
 @register_method("fpl")
@@ -111,7 +113,7 @@ class FPL(AlignmentMethod):
     A Prototype View", CVPR 2023.
     """
 
-    class Config(AlignmentConfig):
+    class Config(BalancedConfig):
         """FPL settings (see docs/methods/fpl.md)."""
 
         tau: PositiveFloat = 0.02
@@ -153,7 +155,9 @@ class FPL(AlignmentMethod):
             logits: torch.Tensor, feats: torch.Tensor, labels: torch.Tensor
         ) -> dict[str, torch.Tensor]:
             f, y = sample_pixels(feats, labels, spec.num_classes, cfg.pixels, ctx.generator)
-            l_xi, l_cu = fpl_losses(f, y, centres, centre_class, spec.num_classes, cfg.tau)
+            l_xi, l_cu = fpl_losses(
+                f, y, centres, centre_class, spec.num_classes, cfg.tau, cfg.balance
+            )
             return {"l_xi": cfg.xi_weight * l_xi, "l_cu": cfg.cu_weight * l_cu}
 
         acc = PrototypeAccumulator(spec.num_classes, spec.ignore_index)
