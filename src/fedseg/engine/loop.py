@@ -29,8 +29,9 @@ from fedseg.engine.server import ServerCore, make_method, spec_from_json, spec_t
 from fedseg.engine.worker import EvalReply, TrainReply
 from fedseg.errors import ConfigError, FedsegError, UploadError
 from fedseg.methods import FederationSpec
-from fedseg.methods.base import payload_size
+from fedseg.methods.base import Aggregator, Payload, payload_size
 from fedseg.privacy import privacy_report, rounds_within_budget
+from fedseg.privacy.central import NoisySum
 from fedseg.tracking import round_listener
 
 __all__ = ["Federation", "RoundLoop", "RoundPolicy", "loss_summary", "wait_for_sites"]
@@ -110,6 +111,8 @@ class RoundLoop:
     ) -> None:
         self.server, self.link, self.policy, self.run_uid = server, link, policy, run_uid
         self.eval_sites = eval_sites or server.spec.site_names
+        self.secure = bool(getattr(link, "secure", False))
+        """Training replies come as one SecAgg+ sum (``privacy.secure_aggregation``)."""
         self._warned: set[str] = set()
 
     def wait_for(self, names: list[str], need: int, strict: bool = True) -> set[str]:
@@ -134,7 +137,10 @@ class RoundLoop:
                     comm["download"][s] = _size(payload_size(sent[s]))
                 else:
                     failures[s] = "not connected"
-            for s, reply in _in_order(self.link.train(r, sent), list(sent)):
+            if self.secure:
+                uploaded = self._secure_sum(r, sent, agg, failures)
+            replies = () if self.secure else _in_order(self.link.train(r, sent), list(sent))
+            for s, reply in replies:
                 if isinstance(reply, Failure):
                     failures[s] = reply
                     continue
@@ -173,6 +179,20 @@ class RoundLoop:
             "attempts; the run stopped (model unchanged since the last checkpoint); fix the "
             "sites and resume the run"
         )
+
+    def _secure_sum(
+        self, r: int, sent: Mapping[str, Payload], agg: Aggregator, failures: dict[str, Failure]
+    ) -> list[str]:
+        """Secure aggregation: ``agg`` gets the sum of the updates of the sites it covers
+        (returned), never one upload; the other sites of ``sent`` are failures."""
+        assert isinstance(agg, NoisySum)  # the privacy block requires mode: central
+        result = self.link.train_sum(r, sent)  # type: ignore[attr-defined]
+        for s in sent:
+            if s not in result.sites:
+                failures[s] = "not in the secure sum (dropped out, or the protocol halted)"
+        if result.total is not None:
+            agg.add_sum(result.total)
+        return list(result.sites)
 
     def evaluate(
         self, r: int, split: str = "test", periodic: bool = False
@@ -255,6 +275,11 @@ class Federation:
         self.policy = policy or RoundPolicy()
         self.dir = RunDir(run_dir)
         self.loop: RoundLoop | None = None
+        if cfg.privacy.secure_aggregation is not None and not getattr(link, "secure", False):
+            raise ConfigError(
+                "privacy.secure_aggregation runs only over Flower (fedseg flower ..., or "
+                "engine.backend: flower-sim): in one process the server holds every upload"
+            )
 
     # -- set-up ------------------------------------------------------------------------------
     def _start(self, resume: bool, overwrite: bool) -> tuple[int, list[dict[str, float]]]:

@@ -181,13 +181,18 @@ class NoisySum:
         self.sum: dict[str, torch.Tensor] = {}
 
     def add(self, site: str, upload: Payload) -> None:
-        w = self.dp.weights[site]
-        for k, t in clip_update(upload.tensors, self.dp.settings.clip).items():
-            if t.is_floating_point():
-                if k in self.sum:
-                    self.sum[k].add_(t.double(), alpha=w)
-                else:
-                    self.sum[k] = t.double() * w
+        self.add_sum(clip_update(upload.tensors, self.dp.settings.clip), self.dp.weights[site])
+
+    def add_sum(self, tensors: Mapping[str, torch.Tensor], weight: float = 1.0) -> None:
+        """Add ``weight`` times ``tensors``: one site's clipped update, or (secure
+        aggregation) the weighted sum of several sites' updates, never seen one by one."""
+        for k, t in tensors.items():
+            if not t.is_floating_point():
+                continue
+            if k in self.sum:
+                self.sum[k].add_(t.double(), alpha=weight)
+            else:
+                self.sum[k] = t.double() * weight
 
     def finish(self) -> ServerResult:
         s = self.dp.settings

@@ -4,9 +4,22 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, model_validator
 
-__all__ = ["PrivacySettings"]
+__all__ = ["PrivacySettings", "SecureAggregation"]
+
+
+class SecureAggregation(BaseModel):
+    """Flower's SecAgg+ protocol: the server learns only the sum of the sites' updates."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    neighbours: float = Field(1.0, gt=0, le=1)
+    """Share of a round's sites each site exchanges key shares with (1: all, i.e. SecAgg);
+    Flower rounds it to an odd count of at least 3."""
+    threshold: float = Field(0.5, gt=0, le=1)
+    """Share of a site's neighbours whose key shares unmask the sum (at least 2): the round
+    survives dropouts as long as every site keeps that many live neighbours."""
 
 
 class PrivacySettings(BaseModel):
@@ -32,6 +45,19 @@ class PrivacySettings(BaseModel):
     """dp-accounting's Renyi-DP or privacy-loss-distribution accountant."""
     target_epsilon: PositiveFloat | None = None
     """Stop training before the round whose release would take epsilon above this value."""
+
+    secure_aggregation: SecureAggregation | None = None
+    """Sum the clipped updates with Flower's SecAgg+ (Flower engines only; needs
+    ``mode: central``, whose clip bounds the values the protocol quantises)."""
+
+    @model_validator(mode="after")
+    def _secure_needs_central(self) -> PrivacySettings:
+        if self.secure_aggregation is not None and self.mode != "central":
+            raise ValueError(
+                "secure_aggregation needs mode: central: SecAgg+ quantises values within a "
+                "fixed range, which the clip of central DP bounds"
+            )
+        return self
 
     @property
     def enabled(self) -> bool:

@@ -15,6 +15,7 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
 from fedseg.engine.flower.logs import configure_logging
+from fedseg.engine.flower.secagg import is_secure, secure_train
 from fedseg.engine.flower.site import handle_evaluate, handle_hello, handle_train
 from fedseg.errors import FedsegError
 
@@ -57,7 +58,10 @@ def build_client_app(configs_of: ConfigOf) -> ClientApp:
 
     @client.train()
     def train(msg: Message, context: Context) -> Message:
-        """One client step of the configured method."""
+        """One client step of the configured method (as a SecAgg+ stage under
+        ``privacy.secure_aggregation``)."""
+        if is_secure(msg):
+            return secure_train(msg, context, handle_train, configs_of(context))
         return reply(msg, context, handle_train)
 
     @client.evaluate()

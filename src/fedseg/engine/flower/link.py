@@ -29,6 +29,7 @@ from fedseg.engine.flower.records import (
     read_metrics,
     read_payload,
 )
+from fedseg.engine.flower.secagg import SecureSum
 from fedseg.engine.flower.settings import FlowerSettings
 from fedseg.engine.flower.site import fedseg_version, method_for
 from fedseg.engine.link import Failure
@@ -37,6 +38,7 @@ from fedseg.engine.server import build_spec, site_view, spec_to_json
 from fedseg.engine.worker import EvalReply, TrainReply
 from fedseg.errors import ConfigError, UploadError
 from fedseg.methods import FederationSpec, Method, Payload
+from fedseg.privacy import CentralDP
 
 __all__ = ["FlowerLink", "Reply", "Transport", "run_federation", "site_order"]
 
@@ -88,6 +90,9 @@ class FlowerLink:
         self._sent: dict[str, str] = {}
         self._version = fedseg_version()
         self._warned: set[str] = set()
+        self.secure = cfg.privacy.secure_aggregation is not None
+        """Training replies are summed by SecAgg+ (:meth:`train_sum`), never seen one by one."""
+        self.weights: dict[str, float] = {}
 
     def announce(self, run_uid: str) -> dict[str, dict[str, Any]]:
         infos = self.transport.announce(run_uid)
@@ -107,6 +112,7 @@ class FlowerLink:
         method_for(self.cfg, method.spec)  # refuses pooled methods with a clear error
         self.run_uid = run_uid
         self.views = {s: spec_to_json(site_view(method.spec, s)) for s in method.spec.site_names}
+        self.weights = dict(method.weights) if isinstance(method, CentralDP) else {}
 
     def _body(
         self,
@@ -182,6 +188,21 @@ class FlowerLink:
             out[s] = TrainReply(upload, metrics, int(meta.get("from-round", -1)))
             self._answered(s)
         return out
+
+    def train_sum(self, r: int, payloads: Mapping[str, Payload]) -> SecureSum:
+        """One training round under secure aggregation: the fixed-weight sum of the sites'
+        clipped updates, from Flower's SecAgg+ over the transport (a Grid)."""
+        secure = getattr(self.transport, "secure_sum", None)
+        if secure is None:
+            raise ConfigError(
+                "privacy.secure_aggregation needs a Flower Grid (fedseg flower run, "
+                "engine.backend: flower-sim)"
+            )
+        first = next(iter(payloads.values()))
+        keys = sorted(k for k, t in first.tensors.items() if t.is_floating_point())
+        bodies = {s: self._body(s, r, p) for s, p in payloads.items()}
+        settings = self.cfg.privacy
+        return secure(bodies, self.weights, keys, r, settings, self.settings.round_timeout)
 
     def evaluate(
         self, r: int, payloads: Mapping[str, Payload], split: str = "test"

@@ -25,8 +25,10 @@ from fedseg.engine.flower.link import Reply, run_federation
 from fedseg.engine.flower.logs import configure_logging
 from fedseg.engine.flower.pulls import quick_pulls
 from fedseg.engine.flower.records import content, read_meta
+from fedseg.engine.flower.secagg import SecureSum, secure_sum
 from fedseg.engine.flower.settings import FlowerSettings, run_config_of
 from fedseg.errors import FedsegError, UploadError
+from fedseg.privacy.settings import PrivacySettings
 
 __all__ = ["GridLink", "run_on_grid"]
 
@@ -186,6 +188,19 @@ class GridLink:
             if isinstance(out[s], str) and "unavailable" in out[s] and self.site_node.get(s) == nid:
                 del self.site_node[s]
         return out
+
+    def secure_sum(
+        self,
+        bodies: Mapping[str, RecordDict],
+        weights: Mapping[str, float],
+        keys: list[str],
+        r: int,
+        settings: PrivacySettings,
+        timeout: float,
+    ) -> SecureSum:
+        """One SecAgg+ round of the connected sites among ``bodies`` over the Grid."""
+        nodes = {s: self.site_node[s] for s in bodies if s in self.site_node}
+        return secure_sum(self.grid, bodies, nodes, weights, keys, r, settings, timeout)
 
 
 def _reply_of(msg: Message) -> Reply:
