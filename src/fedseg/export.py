@@ -1,4 +1,4 @@
-"""``fedseg export``: a run's evaluation models as plain PyTorch files (and TorchScript).
+"""``fedseg export``: a run's evaluation models as plain PyTorch files (and ONNX).
 
 ``DIR/<site>.pt`` (and ``DIR/global.pt`` when the method has a global model) is a
 ``torch.save`` of plain data, loadable with ``torch.load(weights_only=True)``:
@@ -9,14 +9,16 @@
   channels, training size, regions, normalisation),
 - ``rebuildable``: whether the method's network with ``state_dict`` reproduces the evaluation
   model's label maps on the site's test images (False when the evaluation model carries more
-  than weights, e.g. a site index or a routed mixture; then only TorchScript reproduces it).
+  than weights, e.g. a site index or a routed mixture; then only the ONNX file reproduces it).
 
-``--torchscript`` adds ``DIR/<site>.torchscript.pt``: the traced model plus the method's
-``segment`` hook, images ``[N, C, *training size]`` -> label maps ``[N, *S]``.
+``--onnx`` adds ``DIR/<site>.onnx``: the model plus the method's ``segment`` hook, images
+``[N, C, *training size]`` -> label maps ``[N, *S]``, checked with onnxruntime against
+PyTorch on the site's test images (:mod:`fedseg.onnx_model`).
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -28,15 +30,13 @@ from fedseg.engine.server import make_method, spec_from_json, spec_to_json
 from fedseg.engine.worker import initial_model
 from fedseg.errors import ConfigError, DataError
 from fedseg.inference import GLOBAL, ModelInfo, RunModels, SiteModel, label_map_module, labels_of
+from fedseg.onnx_model import OnnxLabelMaps, onnx_path, write_onnx
 
-__all__ = ["FORMAT", "export_run", "load_exported", "torchscript_path"]
+__all__ = ["FORMAT", "export_run", "load_exported"]
+
+log = logging.getLogger(__name__)
 
 FORMAT = "fedseg-model/1"
-
-
-def torchscript_path(path: Path) -> Path:
-    """Where the TorchScript file of the export ``path`` lies (``<name>.torchscript.pt``)."""
-    return path.with_name(path.name.removesuffix(".pt") + ".torchscript.pt")
 
 
 def export_run(
@@ -44,9 +44,10 @@ def export_run(
     out: str | Path,
     names: list[str] | None = None,
     *,
-    torchscript: bool = False,
+    onnx: bool = False,
 ) -> list[Path]:
-    """Export the models ``names`` (default: every site and the global model) of a run."""
+    """Export the models ``names`` (default: every site and the global model) of a run;
+    with ``onnx`` each also as an ONNX file checked against PyTorch on test images."""
     names = names or models.model_names()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -67,10 +68,15 @@ def export_run(
         path = out / f"{name}.pt"
         torch.save(record, path)
         written.append(path)
-        if torchscript:
-            traced = torch.jit.trace(label_map_module(sm), probe[:1].to(sm.device))
-            traced.save(str(torchscript_path(path)))
-            written.append(torchscript_path(path))
+        if onnx:
+            differ = write_onnx(label_map_module(sm), probe, onnx_path(path))
+            log.info(
+                "%s: onnxruntime and PyTorch agree on %.3f%% of the pixels of %d test images",
+                onnx_path(path).name,
+                100 * (1 - differ),
+                len(probe),
+            )
+            written.append(onnx_path(path))
     return written
 
 
@@ -89,7 +95,7 @@ def _rebuildable(
 
 def load_exported(path: str | Path, device: torch.device | str = "cpu") -> SiteModel:
     """The model of an export: the method's network with the saved weights, or (when those
-    do not reproduce the evaluation model) the TorchScript file beside it."""
+    do not reproduce the evaluation model) the ONNX file beside it, run by onnxruntime."""
     path = Path(path)
     try:
         record = torch.load(path, map_location="cpu", weights_only=True)
@@ -104,10 +110,10 @@ def load_exported(path: str | Path, device: torch.device | str = "cpu") -> SiteM
         model = initial_model(method, cfg.seed, device)
         model.load_state_dict(record["state_dict"])
         return SiteModel(model.eval(), method.segment, info, device)
-    ts = torchscript_path(path)
-    if not ts.is_file():
+    onnx_file = onnx_path(path)
+    if not onnx_file.is_file():
         raise ConfigError(
             f"{path}: the {info.method} model of {info.site!r} is more than its weights; "
-            f"export it with --torchscript ({ts.name}) or predict from the run directory"
+            f"export it with --onnx ({onnx_file.name}) or predict from the run directory"
         )
-    return SiteModel(torch.jit.load(str(ts), map_location=device).eval(), labels_of, info, device)
+    return SiteModel(OnnxLabelMaps(onnx_file), labels_of, info, device)

@@ -90,7 +90,7 @@ class ModelInfo:
 
 
 def labels_of(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
-    """Segmenter of a module that already returns label maps (TorchScript exports)."""
+    """Segmenter of a module that already returns label maps (ONNX exports)."""
     return model(images)
 
 

@@ -1,5 +1,5 @@
 """Models out of a run: site models rebuilt from the checkpoint score what the run scored;
-export (state dict, TorchScript) and predict (PNG, NIfTI, sliding windows) on new files."""
+export (state dict, ONNX) and predict (PNG, NIfTI, sliding windows) on new files."""
 
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ from fedseg.cli import app
 from fedseg.config import parse_config
 from fedseg.engine.runner import InProcessRunner
 from fedseg.errors import ConfigError, DataError, FedsegError
-from fedseg.export import export_run, load_exported, torchscript_path
+from fedseg.export import export_run, load_exported
 from fedseg.inference import RunModels, predict_files, window_labels
 from fedseg.metrics import MetricAccumulator
+from fedseg.onnx_model import MAX_DISAGREEMENT
 
 cli = CliRunner()
 
@@ -96,30 +97,35 @@ def test_missing_site_state_is_a_clear_error(fundus_runs, tmp_path):
         RunModels(run).site_model("Z")
 
 
-def test_export_state_dict_and_torchscript_reproduce_the_site_model(fundus_runs, tmp_path):
-    run = fundus_runs["fedbn"]
+def test_export_state_dict_and_onnx_reproduce_the_site_model(fundus_runs, tmp_path):
+    import onnxruntime as ort
+
+    run = fundus_runs["fedavg"]
     out = tmp_path / "export"
-    res = cli.invoke(app, ["export", str(run), "--out", str(out), "--torchscript"])
+    res = cli.invoke(
+        app, ["export", str(run), "--out", str(out), "--onnx", "--site", "A", "--site", "B"]
+    )
     assert res.exit_code == 0, res.output
-    assert sorted(p.name for p in out.iterdir()) == [
-        "A.pt",
-        "A.torchscript.pt",
-        "B.pt",
-        "B.torchscript.pt",
-    ]
+    assert sorted(p.name for p in out.iterdir()) == ["A.onnx", "A.pt", "B.onnx", "B.pt"]
     models = RunModels(run)
+    labels: set[int] = set()
     for site in models.site_names:
         record = torch.load(out / f"{site}.pt", weights_only=True)
         info = record["info"]
         assert info["class_names"] == ["background", "cup", "rim"]
         assert info["regions"] == models.manifest.regions and "disc" in info["regions"]
         assert (info["channels"], info["spatial_shape"], info["site"]) == (3, [32, 32], site)
-        assert record["config"]["method"]["name"] == "fedbn" and record["rebuildable"]
+        assert record["config"]["method"]["name"] == "fedavg" and record["rebuildable"]
         images = models.sites[site].test_images
         want = models.site_model(site).label_maps(images)
+        labels |= set(want.unique().tolist())
         assert torch.equal(load_exported(out / f"{site}.pt").label_maps(images), want)
-        scripted = torch.jit.load(str(torchscript_path(out / f"{site}.pt")))
-        assert torch.equal(scripted(images), want)
+        session = ort.InferenceSession(str(out / f"{site}.onnx"))
+        for n in (1, len(images)):  # any batch size
+            got = session.run(["labels"], {"images": images[:n].numpy()})[0]
+            assert got.shape == tuple(want[:n].shape)
+            assert (torch.from_numpy(got) == want[:n]).float().mean() >= 1 - MAX_DISAGREEMENT
+    assert len(labels) > 1  # the maps hold more than background: the comparison is not vacuous
 
 
 def test_export_of_global_model(fundus_runs, tmp_path):
@@ -140,12 +146,13 @@ def test_export_of_a_model_that_is_more_than_its_weights(fundus_runs, tmp_path):
     models = RunModels(run)
     export_run(models, tmp_path / "plain", ["A"])
     assert not torch.load(tmp_path / "plain" / "A.pt", weights_only=True)["rebuildable"]
-    with pytest.raises(ConfigError, match="export it with --torchscript"):
+    with pytest.raises(ConfigError, match=r"export it with --onnx \(A\.onnx\)"):
         load_exported(tmp_path / "plain" / "A.pt")
-    export_run(models, tmp_path / "ts", ["A"], torchscript=True)
+    export_run(models, tmp_path / "onnx", ["A"], onnx=True)
     images = models.sites["A"].test_images
     want = models.site_model("A").label_maps(images)
-    assert torch.equal(load_exported(tmp_path / "ts" / "A.pt").label_maps(images), want)
+    got = load_exported(tmp_path / "onnx" / "A.pt").label_maps(images)  # run by onnxruntime
+    assert (got == want).float().mean() >= 1 - MAX_DISAGREEMENT
 
 
 def _write_png(path: Path, image: torch.Tensor) -> np.ndarray:
