@@ -126,3 +126,23 @@ def test_phases_default_to_one_round_of_steps_under_local_epochs():
     sim.method.local_train = spy
     _step(sim, "site1")  # 10 samples, batch 4: 3 steps per pass
     assert iters == [3, 3]
+
+
+def test_head_epochs_lengthen_the_head_phase_only():
+    sim = _sim(head_epochs=3)
+    sim.train = TrainSettings(rounds=2, local_epochs=1, batch_size=4, augment=False)
+    iters = []
+    original = sim.method.local_train
+
+    def spy(model, ctx, **kw):
+        iters.append(kw["iters"])
+        return original(model, ctx, **kw)
+
+    sim.method.local_train = spy
+    _step(sim, "site1")  # 3 steps per pass: 3 head passes, then 1 body pass
+    assert iters == [9, 3]
+    cfg = get_method("fedrep").Config
+    with pytest.raises(ValueError, match="not both"):
+        cfg(head_iters=2, head_epochs=3)
+    with pytest.raises(ValueError, match="schedule: alternating only"):
+        cfg(schedule="joint", head_epochs=10)

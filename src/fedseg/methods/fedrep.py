@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PositiveInt, model_validator
 from torch import nn
 
 from fedseg.methods.base import ClientContext, Payload
@@ -65,8 +65,11 @@ class FedRep(FedAvg):
         """``alternating``: head phase then body phase (the paper); ``joint``: head and body
         trained together for one round's steps (PFL-Seg-Trans)."""
         head_iters: int | None = Field(None, ge=0)
-        """Head-only optimiser steps per round, body frozen (default: one round's steps,
-        ``train.local_iters`` or ``local_epochs`` passes)."""
+        """Head-only optimiser steps per round, body frozen (default: ``head_epochs`` times
+        one round's steps)."""
+        head_epochs: PositiveInt = 1
+        """Length of the head phase in rounds' steps (``train.local_epochs: 1``: epochs);
+        FedRep's code trains the head 10 epochs, then the body 1 (CIFAR-10)."""
         body_iters: int | None = Field(None, ge=0)
         """Body-only optimiser steps per round, head frozen (default: one round's steps,
         ``train.local_iters`` or ``local_epochs`` passes)."""
@@ -75,11 +78,12 @@ class FedRep(FedAvg):
         def _some_training(self) -> FedRep.Config:
             if self.head_iters == 0 and self.body_iters == 0:
                 raise ValueError("head_iters and body_iters are both 0: nothing would be trained")
-            if self.schedule == "joint" and (
-                self.head_iters is not None or self.body_iters is not None
-            ):
+            if self.head_iters is not None and "head_epochs" in self.model_fields_set:
+                raise ValueError("set head_iters or head_epochs, not both")
+            phases = {k for k in ("head_iters", "body_iters") if getattr(self, k) is not None}
+            if self.schedule == "joint" and (phases or self.head_epochs != 1):
                 raise ValueError(
-                    "head_iters / body_iters apply to schedule: alternating only; "
+                    "head_iters / head_epochs / body_iters apply to schedule: alternating only; "
                     "schedule: joint trains one round's steps"
                 )
             return self
@@ -95,7 +99,7 @@ class FedRep(FedAvg):
             return self.local_train(model, ctx)
         head = set(self.parts(model).private)
         body = {n for n, _ in model.named_parameters()} - head
-        n_head = ctx.steps() if cfg.head_iters is None else cfg.head_iters
+        n_head = cfg.head_epochs * ctx.steps() if cfg.head_iters is None else cfg.head_iters
         n_body = ctx.steps() if cfg.body_iters is None else cfg.body_iters
         metrics: dict[str, float] = {}
         for phase, names, iters in (("head", head, n_head), ("body", body, n_body)):
