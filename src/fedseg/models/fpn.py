@@ -224,8 +224,9 @@ class PVTv2FPN(nn.Module):
 
 
 def load_pvtv2_weights(model: PVTv2FPN, path: str | Path) -> None:
-    """Load an ImageNet PVTv2-b0 checkpoint (timm or original names; the classifier is
-    dropped) into ``model.encoder``; ValueError when keys or shapes do not fit."""
+    """Load a PVTv2-b0 checkpoint (timm or original key names; the classifier is dropped)
+    into ``model.encoder``; ValueError when keys or shapes do not fit. Tested with synthetic
+    state dicts under those names only, not with a real ImageNet checkpoint."""
     raw = torch.load(Path(path), map_location="cpu", weights_only=True)
     if isinstance(raw, dict) and isinstance(raw.get("state_dict"), dict):
         raw = raw["state_dict"]

@@ -1,12 +1,14 @@
 """PVTv2-b0 (Wang et al., "PVT v2", CVM 2022) in plain PyTorch: the encoder of FedDP's and
 the virtual-class paper's "PVTv2 + FPN" backbone.
 
-Module and state-dict names follow timm's ``pvt_v2_b0`` (``stages.{i}.downsample``,
-``stages.{i}.blocks.{j}.attn.q`` ...), so timm checkpoints load after dropping the ImageNet
-classifier, and FedDP's ``.q.`` filter finds the attention queries. With 3 input channels
-the encoder has 3,409,760 parameters, timm's ``pvt_v2_b0`` without its 1000-class head.
-:func:`convert_pvtv2_state_dict` maps timm-named and original (whai362/PVT,
-``patch_embed1``/``block1``/``norm1``) checkpoints to these names.
+Module and state-dict names are written after timm's ``pvt_v2_b0`` (``stages.{i}.downsample``,
+``stages.{i}.blocks.{j}.attn.q`` ...), and FedDP's ``.q.`` filter finds the attention queries.
+With 3 input channels the encoder has 3,409,760 parameters, timm's ``pvt_v2_b0`` without its
+1000-class head. :func:`convert_pvtv2_state_dict` maps timm-named and original (whai362/PVT,
+``patch_embed1``/``block1``/``norm1``) key names to these names and drops the ImageNet
+classifier. Loading is tested only with synthetic state dicts built from this module under
+those names (``tests/models/test_pvtv2.py``); no real timm or whai362 checkpoint has been
+loaded or compared (none can be downloaded here).
 """
 
 from __future__ import annotations
