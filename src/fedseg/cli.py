@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import shlex
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -224,7 +225,11 @@ def reproduce(
     paper: Annotated[str | None, typer.Argument(help="Paper (see --list).")] = None,
     table: Annotated[str | None, typer.Argument(help="Table of the paper (see --list).")] = None,
     budget: Annotated[
-        str, typer.Option(help="smoke (2 rounds, 32 px), cpu (shipped configs) or paper.")
+        str,
+        typer.Option(
+            help="smoke (2 rounds, 32 px), cpu (shipped configs), evidence (the rounds at "
+            "which the table's control rows converged) or paper."
+        ),
     ] = "smoke",
     out: Annotated[
         Path | None,
@@ -238,8 +243,23 @@ def reproduce(
         list[str] | None, typer.Option("--set", help="Override for every run: key.sub=value.")
     ] = None,
     list_: Annotated[bool, typer.Option("--list", help="List papers and tables.")] = False,
+    evidence: Annotated[
+        Path | None,
+        typer.Option(
+            help="Folder for the table's page and the small files of every finished run "
+            "(runs there count as done; default with --budget evidence: docs/evidence/PAPER-TABLE)."
+        ),
+    ] = None,
+    calibrate: Annotated[
+        bool,
+        typer.Option(
+            help="Measure the evidence budget: run the table's control rows at doubling rounds "
+            "until they converge (docs/reproduce.md#the-evidence-budget)."
+        ),
+    ] = False,
 ) -> None:
-    """Run every row of a paper table at a budget; render it beside the published numbers."""
+    """Run every row of a paper table at a budget; render it beside the published numbers
+    with statistics over seeds and a verdict per claim of the paper."""
     from fedseg.reproduce import list_papers, load_paper
     from fedseg.reproduce import reproduce as run_table
 
@@ -255,6 +275,16 @@ def reproduce(
             console.print(listing)
             return
         logging.basicConfig(level=logging.WARNING, force=True)
+
+        def done(name: str, _: object, seconds: float) -> None:
+            err.print(f"{name}: done in {seconds:.0f}s", highlight=False)
+
+        if calibrate:
+            from fedseg.reproduce.budget import calibrate as measure
+
+            found = measure(paper, table, seeds=max(seeds, 2), overrides=set_ or [], on_run=done)
+            console.print(found.report(), markup=False, soft_wrap=True)
+            return
         rep = run_table(
             paper,
             table,
@@ -263,14 +293,18 @@ def reproduce(
             seeds,
             set_ or [],
             row,
-            on_run=lambda name, _, s: err.print(f"{name}: done in {s:.0f}s", highlight=False),
+            on_run=done,
+            evidence=evidence,
+            command=shlex.join(["fedseg", *sys.argv[1:]]),
         )
     except FedsegError as e:
         fail(e)
     from fedseg.reproduce import render_markdown
 
     console.print(render_markdown(rep), markup=False, soft_wrap=True)
-    console.print(f"wrote {rep.out / 'table.md'} and table.csv")
+    console.print(f"wrote {rep.out / 'table.md'}, table.csv and claims.csv")
+    if rep.evidence:
+        console.print(f"evidence page: {rep.evidence / 'table.md'}")
 
 
 @app.command()

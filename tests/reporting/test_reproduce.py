@@ -40,7 +40,8 @@ def test_reproduce_two_rows_smoke_beside_published(tmp_path):
     res = _invoke(args)
     table = (out / "table.md").read_text()
     assert "baseline (FedAvg)" in table and "| TDF |" in table
-    assert "TDF + PD" not in table  # rows not asked for are not run
+    assert not (out / "tdf-pd").exists()  # rows not asked for are not run
+    assert "**not run** (no runs of TDF + PD)" in table  # and their claims say so
     # the paper's FAZ numbers sit beside ours (Table VII: 84.05 / 14.18 and 90.61 / 7.14)
     assert "84.05 | 14.18" in table and "90.61 | 7.14" in table
     assert "fedlppa.md:331" in table and "Budget `smoke`" in table
@@ -53,9 +54,10 @@ def test_reproduce_two_rows_smoke_beside_published(tmp_path):
         assert cfg["data"]["root"].endswith("faz-smoke")
         assert f"{_dsc(run_dir):.2f}" in table  # our cell is the run's average DSC
     assert cfg["method"]["tdf"] is True
-    rows = list(csv.DictReader((out / "table.csv").open()))
-    assert [r["row"] for r in rows] == ["baseline (FedAvg)", "TDF"]
-    assert float(rows[1]["paper FAZ DSC"]) == 90.61
+    rows = [r for r in csv.DictReader((out / "table.csv").open()) if r["metric"] == "dsc"]
+    assert [r["row"] for r in rows if not r["vs"]] == ["baseline (FedAvg)", "TDF"]
+    assert float(rows[-1]["paper"]) == 90.61 and rows[-1]["vs"] == "baseline (FedAvg)"
+    assert int(rows[-1]["pairs"]) > 0 and rows[-1]["verdict"] in ("better", "worse", "unresolved")
     assert "ours DSC" in res.output
     # a second call reuses the finished runs (identical configs): nothing is retrained
     stamp = (out / "tdf" / "seed0" / "results.json").stat().st_mtime_ns

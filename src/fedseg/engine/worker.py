@@ -224,8 +224,8 @@ class SiteWorker:
         the state before round ``r``."""
         source = data or self.data
         scored = source.scored(split)
-        if scored is None:
-            raise FedsegError(f"site {source.spec.name!r} has no {split} split")
+        if scored is None or len(scored.test_images) == 0:
+            raise FedsegError(f"site {source.spec.name!r} has no {split} cases")
         data = scored
         model = self.eval_model(r, payload, data)
         with self._precision(), seeded(derive_seed(self.seed, r, data.spec.index), self.device):

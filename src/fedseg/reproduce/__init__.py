@@ -5,12 +5,12 @@
 them beside the paper's numbers (docs/reproduce.md).
 """
 
+from fedseg.reproduce.evidence import render_markdown
 from fedseg.reproduce.harness import (
     BUDGETS,
     Reproduction,
     RowResult,
     compare_methods,
-    render_markdown,
     reproduce,
     run_config,
 )

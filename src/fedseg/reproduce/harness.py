@@ -4,19 +4,22 @@ A *budget* is a set of config overrides stated here once (``BUDGETS``; ``paper``
 paper's own ``paper_budget``): ``smoke`` proves that every row runs (2 rounds of 4 steps of
 batch 2 on 32-pixel synthetic data; the number of images is kept, as the smallest sites need
 a validation and a test case), ``cpu`` runs the shipped configs as they are (the CPU-scale
-settings each config documents), ``paper`` moves towards the paper's scale. A budget that
-changes the synthetic data also moves ``data.root`` to ``<root>-<budget>`` so federations of
-different sizes never share a folder. Finished runs with an identical config are reused.
+settings each config documents), ``evidence`` the rounds at which the table's control rows
+converged (``evidence_budget`` of the paper file, measured by :mod:`fedseg.reproduce.budget`),
+``paper`` moves towards the paper's scale. A budget that changes the synthetic data also moves
+``data.root`` to ``<root>-<budget>`` so federations of different sizes never share a folder.
+Finished runs with the same resolved config are reused, in the output folder or in an evidence
+folder (``docs/evidence/<paper>-<table>/runs``: the small files of each finished run,
+committed so that a table continues on another machine).
 """
 
 from __future__ import annotations
 
 import copy
-import csv
-import io
 import json
 import math
 import re
+import shutil
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -26,10 +29,12 @@ from typing import Any
 
 import yaml
 
-from fedseg.config import apply_overrides, dump_config, parse_config
+from fedseg.config import RunConfig, apply_overrides, dump_config, parse_config
 from fedseg.configs import resolve_config
 from fedseg.errors import ConfigError
+from fedseg.reproduce.evidence import write_index, write_table
 from fedseg.reproduce.papers import Paper, PaperRow, PaperTable, load_paper
+from fedseg.reproduce.verdicts import RowRuns, TableAnalysis, analyse
 
 __all__ = [
     "BUDGETS",
@@ -38,8 +43,6 @@ __all__ = [
     "apply_budget",
     "budget_overrides",
     "compare_methods",
-    "render_csv",
-    "render_markdown",
     "reproduce",
     "run_config",
 ]
@@ -53,15 +56,31 @@ BUDGETS: dict[str, dict[str, Any]] = {
     },
     "cpu": {},
 }
-"""Overrides per budget; ``paper`` is each paper's ``paper_budget`` (fedseg/papers/*.yaml)."""
+"""Overrides per budget; ``evidence`` and ``paper`` come from fedseg/papers/<paper>.yaml."""
 
-BUDGET_NAMES = ("smoke", "cpu", "paper")
+BUDGET_NAMES = ("smoke", "cpu", "evidence", "paper")
+
+EVIDENCE_ROOT = Path("docs") / "evidence"
+"""Where ``--budget evidence`` keeps each table's page and finished runs by default."""
+
+KEPT_FILES = ("config.yaml", "results.json", "cases.csv", "rounds.jsonl")
+"""The small files of a finished run copied to an evidence folder (no checkpoints, models)."""
 
 
-def budget_overrides(budget: str, paper: Paper) -> dict[str, Any]:
-    """The overrides of ``budget`` for ``paper``."""
+def budget_overrides(budget: str, paper: Paper, table: PaperTable | None = None) -> dict[str, Any]:
+    """The overrides of ``budget`` for ``paper`` (``evidence``: for ``table``'s federation)."""
     if budget == "paper":
         return dict(paper.paper_budget)
+    if budget == "evidence":
+        fed = table.federation if table else None
+        if fed is None or fed not in paper.evidence_budgets:
+            what = f"table {table.name!r}" if table else "this table"
+            raise ConfigError(
+                f"--budget evidence: no evidence budget measured for {what} of {paper.name} "
+                f"(federation {fed!r}); measure it with `fedseg reproduce {paper.name} "
+                f"{table.name if table else 'TABLE'} --calibrate` (docs/reproduce.md)"
+            )
+        return dict(paper.evidence_budgets[fed].overrides)
     if budget not in BUDGETS:
         raise ConfigError(f"--budget {budget!r}: expected one of {', '.join(BUDGET_NAMES)}")
     return dict(BUDGETS[budget])
@@ -88,38 +107,82 @@ def apply_budget(
     return raw
 
 
+def finished_run(run_dir: Path, cfg: RunConfig) -> bool:
+    """Whether ``run_dir`` holds a finished run of ``cfg``: its results, cases and a config
+    that resolves to the same settings (a setting added since, at its default, still
+    matches; a changed default does not)."""
+    done = run_dir / "config.yaml"
+    if not all((run_dir / f).is_file() for f in ("config.yaml", "results.json", "cases.csv")):
+        return False
+    try:
+        stored = parse_config(yaml.safe_load(done.read_text()) or {}, str(done))
+    except (ConfigError, yaml.YAMLError):
+        return False
+    return dump_config(stored) == dump_config(cfg)
+
+
 def run_config(raw: dict[str, Any], run_dir: Path, source: str = "<config>") -> dict[str, Any]:
     """Run ``raw`` in-process into ``run_dir`` (results.md and figures included) and return
-    its results; a finished run there with the identical config is reused."""
+    its results; a finished run there with the same config is reused."""
     from fedseg.engine.rundir import RunDir
     from fedseg.engine.runner import InProcessRunner
     from fedseg.outputs import write_run_outputs
 
     cfg = parse_config(raw, source)
+    if finished_run(run_dir, cfg):
+        return json.loads((run_dir / "results.json").read_text())
     rd = RunDir(run_dir)
-    finished = rd.results_json.is_file() and rd.config.is_file()
-    if finished and rd.config.read_text() == dump_config(cfg):
-        return json.loads(rd.results_json.read_text())
     rd.prepare_new(overwrite=True)
     results = InProcessRunner(cfg, run_dir).run()
     write_run_outputs(run_dir, results)
     return results
 
 
+def keep_run(run_dir: Path, store: Path) -> None:
+    """Copy the small files of a finished run (:data:`KEPT_FILES`) to ``store``."""
+    store.mkdir(parents=True, exist_ok=True)
+    for name in KEPT_FILES:
+        if (run_dir / name).is_file():
+            shutil.copyfile(run_dir / name, store / name)
+
+
 @dataclass
 class RowResult:
-    """A row's runs (one per seed) and their wall time."""
+    """A row's runs (one per seed), where their files are, and their wall and CPU time."""
 
     row: PaperRow
     results: list[dict[str, Any]] = field(default_factory=list)
     dirs: list[Path] = field(default_factory=list)
-    seconds: float = 0.0
+    configs: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def seconds(self) -> float:
+        """Wall seconds of the row's runs (training rounds and the final evaluation)."""
+        return sum(_seconds(r, "") for r in self.results)
+
+    @property
+    def cpu_seconds(self) -> float:
+        """CPU seconds of the row's runs (this process's, training and final evaluation)."""
+        return sum(_seconds(r, "cpu_") for r in self.results)
 
     def stat(self, metric: str) -> tuple[float, float | None]:
         """Mean over seeds of the metric's average over sites and regions, and the sample
         standard deviation over seeds (None for one seed)."""
         values = [_average(r, metric) for r in self.results]
         return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+
+    def runs(self) -> RowRuns:
+        """The row's finished runs for the statistics."""
+        return RowRuns(
+            self.row.label, self.configs, self.results, [d / "cases.csv" for d in self.dirs]
+        )
+
+
+def _seconds(results: dict[str, Any], kind: str) -> float:
+    timing = results.get("timing") or {}
+    return float(sum(timing.get(f"round_{kind}seconds", []))) + float(
+        timing.get(f"eval_{kind}seconds", 0.0)
+    )
 
 
 @dataclass
@@ -134,6 +197,8 @@ class Reproduction:
     seeds: int
     rows: list[RowResult]
     out: Path
+    analysis: TableAnalysis | None = None
+    evidence: Path | None = None
 
 
 def _average(results: dict[str, Any], metric: str) -> float:
@@ -144,7 +209,8 @@ def _average(results: dict[str, Any], metric: str) -> float:
     return statistics.fmean(values)
 
 
-def _slug(label: str) -> str:
+def slug(label: str) -> str:
+    """A row label as a folder name."""
     return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-") or "row"
 
 
@@ -165,6 +231,16 @@ def _select(table: PaperTable, rows: Sequence[str] | None) -> list[PaperRow]:
     return chosen
 
 
+def row_config(
+    row: PaperRow, budget: str, budget_set: dict[str, Any], overrides: Sequence[str]
+) -> tuple[dict[str, Any], Path]:
+    """A row's raw config at a budget with the caller's overrides, and its config file."""
+    path = resolve_config(row.config)
+    base = yaml.safe_load(path.read_text()) or {}
+    raw = apply_overrides(base, list(row.overrides))
+    return apply_budget(raw, budget, budget_set, then=overrides), path
+
+
 def reproduce(
     paper: str,
     table: str,
@@ -174,111 +250,59 @@ def reproduce(
     overrides: Sequence[str] = (),
     rows: Sequence[str] | None = None,
     on_run: Callable[[str, dict[str, Any], float], None] | None = None,
+    evidence: Path | None = None,
+    command: str | None = None,
 ) -> Reproduction:
     """Run the rows of ``paper``'s ``table`` (all, or those named in ``rows`` by label or
     1-based index) ``seeds`` times each at ``budget``; ``overrides`` (``key=value``) come
-    last. Writes ``OUT/<row>/seed<k>`` run directories and ``OUT/table.md`` / ``table.csv``.
+    last. Writes ``OUT/<row>/seed<k>`` run directories and ``OUT/table.md`` / ``table.csv``
+    with the statistics and the claims' verdicts. With an ``evidence`` folder (the default
+    for ``--budget evidence``: docs/evidence/<paper>-<table>) a run whose small files are
+    there with the same config counts as done, each new run's small files are copied there
+    and the table page is written there too (with ``command``).
     ``on_run(name, results, seconds)`` is called after each run."""
     if seeds < 1:
         raise ConfigError(f"--seeds {seeds}: must be at least 1")
     p = load_paper(paper)
     t = p.table(table)
-    budget_set = budget_overrides(budget, p)
+    budget_set = budget_overrides(budget, p, t)
     out = out or Path("runs") / "reproduce" / f"{paper}-{table}-{budget}"
+    if evidence is None and budget == "evidence":
+        evidence = EVIDENCE_ROOT / f"{paper}-{table}"
     done = []
     for row in _select(t, rows):
-        path = resolve_config(row.config)
-        base = yaml.safe_load(path.read_text()) or {}
-        raw = apply_overrides(base, list(row.overrides))
-        raw = apply_budget(raw, budget, budget_set, then=overrides)
+        raw, path = row_config(row, budget, budget_set, overrides)
         result = RowResult(row)
         for k in range(seeds):
             run_raw = copy.deepcopy(raw)
             run_raw["seed"] = int(raw.get("seed", 0)) + k
-            run_dir = out / _slug(row.label) / f"seed{run_raw['seed']}"
+            name = f"{slug(row.label)}/seed{run_raw['seed']}"
+            cfg = parse_config(run_raw, str(path))
+            run_dir = out / name
+            kept = evidence / "runs" / name if evidence else None
             t0 = time.perf_counter()
-            res = run_config(run_raw, run_dir, str(path))
+            if kept is not None and finished_run(kept, cfg):
+                run_dir = kept
+                res = json.loads((kept / "results.json").read_text())
+            else:
+                res = run_config(run_raw, run_dir, str(path))
+                if kept is not None:
+                    keep_run(run_dir, kept)
             seconds = time.perf_counter() - t0
             result.results.append(res)
             result.dirs.append(run_dir)
-            result.seconds += seconds
+            result.configs.append(cfg.model_dump(mode="json"))
             if on_run:
                 on_run(f"{row.label} (seed {run_raw['seed']})", res, seconds)
         done.append(result)
     stated = {**budget_set, **dict(item.split("=", 1) for item in overrides)}
-    rep = Reproduction(p, t, budget, stated, seeds, done, out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "table.md").write_text(render_markdown(rep))
-    (out / "table.csv").write_text(render_csv(rep))
+    rep = Reproduction(p, t, budget, stated, seeds, done, out, evidence=evidence)
+    rep.analysis = analyse(t, {r.row.label: r.runs() for r in done}, p.metrics)
+    write_table(rep, out, command)
+    if evidence is not None:
+        write_table(rep, evidence, command)
+        write_index(evidence.parent)
     return rep
-
-
-def _ours(rr: RowResult, metric: str) -> str:
-    from fedseg.reporting.results import fmt
-
-    mean, std = rr.stat(metric)
-    return fmt(mean, metric) if std is None else f"{fmt(mean, metric)} ± {fmt(std, metric)}"
-
-
-def _published(value: float | None) -> str:
-    return "—" if value is None else f"{value:g}"
-
-
-def render_markdown(rep: Reproduction) -> str:
-    """The table: our metrics (mean ± std over seeds) beside the paper's published columns."""
-    from fedseg.reporting.results import METRIC_LABELS
-
-    t = rep.table
-    budget = ", ".join(f"{k}={v}" for k, v in rep.overrides.items()) or "shipped configs"
-    head = (
-        ["row"]
-        + [f"ours {METRIC_LABELS.get(m, m)}" for m in rep.paper.metrics]
-        + [f"paper {c}" for c in t.columns]
-        + ["seconds"]
-    )
-    lines = [
-        f"## {rep.paper.title}: {t.title}",
-        "",
-        f"Budget `{rep.budget}` ({budget}); {rep.seeds} seed(s) per row; published numbers: "
-        f"{t.source}. Ours: averages over sites and regions on synthetic federations, so "
-        "only the ordering of rows is comparable with the paper.",
-        "",
-        "| " + " | ".join(head) + " |",
-        "|" + "---|" * len(head),
-    ]
-    for rr in rep.rows:
-        published = rr.row.published or (None,) * len(t.columns)
-        cells = (
-            [rr.row.label]
-            + [_ours(rr, m) for m in rep.paper.metrics]
-            + [_published(v) for v in published]
-            + [f"{rr.seconds:.0f}"]
-        )
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def render_csv(rep: Reproduction) -> str:
-    """One line per row: our means and standard deviations, the published values."""
-    buf = io.StringIO()
-    w = csv.writer(buf)
-    metrics = rep.paper.metrics
-    w.writerow(
-        ["row", "config", "seeds"]
-        + [f"{m}{s}" for m in metrics for s in ("", "_std")]
-        + [f"paper {c}" for c in rep.table.columns]
-        + ["seconds"]
-    )
-    for rr in rep.rows:
-        stats = [rr.stat(m) for m in metrics]
-        published = rr.row.published or (None,) * len(rep.table.columns)
-        w.writerow(
-            [rr.row.label, rr.row.config, len(rr.results)]
-            + [x for mean, std in stats for x in (mean, "" if std is None else std)]
-            + ["" if v is None else v for v in published]
-            + [round(rr.seconds, 1)]
-        )
-    return buf.getvalue()
 
 
 def compare_methods(

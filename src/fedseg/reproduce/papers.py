@@ -1,9 +1,13 @@
-"""The papers' tables: which shipped config each row runs and the numbers the paper published.
+"""The papers' tables: which shipped config each row runs, the numbers the paper published and
+the claims its results section makes about them.
 
 One YAML file per paper in ``fedseg/papers/`` (package data). A table names its published
 ``columns``; each row has a ``label``, the shipped ``config`` it runs (or the table's
 ``base``), ``set`` overrides (``key.sub=value``, applied after the table's own ``set``) and
-the ``published`` values in column order (``null`` where the paper gives none).
+the ``published`` values in column order (``null`` where the paper gives none). A table also
+names its ``federation`` (the key of its ``evidence_budget``), its ``controls`` (rows that
+choose the budget), its ``reference`` rows (every row is compared with them) and its
+``claims`` (docs/reproduce.md#claims).
 """
 
 from __future__ import annotations
@@ -17,7 +21,16 @@ import yaml
 
 from fedseg.errors import ConfigError
 
-__all__ = ["PAPERS_DIR", "Paper", "PaperRow", "PaperTable", "list_papers", "load_paper"]
+__all__ = [
+    "PAPERS_DIR",
+    "Claim",
+    "EvidenceBudget",
+    "Paper",
+    "PaperRow",
+    "PaperTable",
+    "list_papers",
+    "load_paper",
+]
 
 PAPERS_DIR = Path(__file__).resolve().parent.parent / "papers"
 """Where the papers' tables live (``fedseg/papers/<paper>.yaml``)."""
@@ -34,8 +47,42 @@ class PaperRow:
 
 
 @dataclass(frozen=True)
+class Claim:
+    """A comparative statement of the paper about rows of one table, fixed before any run.
+
+    ``kind`` is ``better`` (every row of ``rows`` beats every row of ``others`` in the metric's
+    own direction) or ``close`` (each pair differs by less than ``within``, in the paper's
+    units: percentage points for overlaps, the paper's unit for distances)."""
+
+    id: str
+    says: str
+    source: str
+    metric: str
+    kind: str
+    rows: tuple[str, ...]
+    others: tuple[str, ...]
+    within: float | None = None
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """The (row, other) comparisons the claim stands on."""
+        return [(a, b) for a in self.rows for b in self.others]
+
+
+@dataclass(frozen=True)
+class EvidenceBudget:
+    """The budget at which a federation's control rows have converged (measured once)."""
+
+    overrides: dict[str, Any]
+    status: str
+    """``converged`` (the rule holds) or ``capped`` (the largest budget that fits the time cap)."""
+    rule: str
+    measured: dict[str, Any] = field(default_factory=dict)
+    """The rule's numbers: gains per control row, rounds tried, the curve's file."""
+
+
+@dataclass(frozen=True)
 class PaperTable:
-    """A table of a paper: its published columns and its rows."""
+    """A table of a paper: its published columns, rows, controls and claims."""
 
     name: str
     title: str
@@ -43,17 +90,31 @@ class PaperTable:
     """Where the published numbers are (file:lines under the project's shared/papers)."""
     columns: tuple[str, ...]
     rows: tuple[PaperRow, ...]
+    federation: str | None = None
+    controls: tuple[str, ...] = ()
+    reference: tuple[str, ...] = ()
+    claims: tuple[Claim, ...] = ()
+    paper_columns: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Per metric, the published columns of the task our rows run (where several match)."""
+
+    def row(self, label: str) -> PaperRow:
+        """The row labelled ``label``."""
+        for r in self.rows:
+            if r.label == label:
+                return r
+        raise ConfigError(f"table {self.name!r} has no row {label!r}")
 
 
 @dataclass(frozen=True)
 class Paper:
-    """A paper's tables, the metrics we report beside them and its paper-scale budget."""
+    """A paper's tables, the metrics we report beside them and its budgets."""
 
     name: str
     title: str
     metrics: tuple[str, ...]
     paper_budget: dict[str, Any]
     tables: dict[str, PaperTable] = field(default_factory=dict)
+    evidence_budgets: dict[str, EvidenceBudget] = field(default_factory=dict)
 
     def table(self, name: str) -> PaperTable:
         """The table ``name``; ConfigError listing the paper's tables otherwise."""
@@ -69,6 +130,98 @@ def list_papers() -> list[str]:
     return sorted(p.stem for p in PAPERS_DIR.glob("*.yaml"))
 
 
+def _labels(value: Any, where: str, known: set[str]) -> tuple[str, ...]:
+    labels = (value,) if isinstance(value, str) else tuple(value or ())
+    if not labels:
+        raise ConfigError(f"{where}: expected a row label or a list of them")
+    for label in labels:
+        if label not in known:
+            raise ConfigError(
+                f"{where}: no row {label!r} in this table (rows: {', '.join(sorted(known))})"
+            )
+    return labels
+
+
+def _claim(raw: dict[str, Any], where: str, known: set[str], metrics: tuple[str, ...]) -> Claim:
+    for key in ("id", "says", "source", "metric"):
+        if not raw.get(key):
+            raise ConfigError(f"{where}: needs {key!r}")
+    if raw["metric"] not in metrics:
+        raise ConfigError(
+            f"{where}: metric {raw['metric']!r} is not one of the paper's ({', '.join(metrics)})"
+        )
+    if "better" in raw:
+        kind, rows, others, within = "better", raw["better"], raw.get("than"), None
+        if "close" in raw or "within" in raw:
+            raise ConfigError(f"{where}: a claim is either better/than or close/to/within")
+    elif "close" in raw:
+        kind, rows, others, within = "close", raw["close"], raw.get("to"), raw.get("within")
+        if not isinstance(within, int | float) or within <= 0:
+            raise ConfigError(f"{where}: close/to needs a positive margin 'within'")
+    else:
+        raise ConfigError(f"{where}: expected better/than or close/to/within")
+    a = _labels(rows, f"{where}.{kind}", known)
+    b = _labels(others, f"{where}.{'than' if kind == 'better' else 'to'}", known)
+    return Claim(raw["id"], raw["says"], raw["source"], raw["metric"], kind, a, b, within)
+
+
+def _table(path: Path, tname: str, t: dict[str, Any], metrics: tuple[str, ...]) -> PaperTable:
+    columns = tuple(t.get("columns", []))
+    rows = []
+    for i, r in enumerate(t["rows"]):
+        config = r.get("config", t.get("base"))
+        published = tuple(r.get("published", ()))
+        where = f"{path}: tables.{tname}.rows[{i}]"
+        if config is None:
+            raise ConfigError(f"{where}: needs a config (or the table a base)")
+        if published and len(published) != len(columns):
+            raise ConfigError(
+                f"{where}: published has {len(published)} values for {len(columns)} columns"
+            )
+        overrides = tuple(t.get("set", [])) + tuple(r.get("set", []))
+        rows.append(PaperRow(r["label"], config, overrides, published))
+    known = {r.label for r in rows}
+    if len(known) != len(rows):
+        raise ConfigError(f"{path}: tables.{tname}: row labels must be unique")
+    where = f"{path}: tables.{tname}"
+    claims = tuple(
+        _claim(c, f"{where}.claims[{i}]", known, metrics) for i, c in enumerate(t.get("claims", []))
+    )
+    controls = _labels(t["controls"], f"{where}.controls", known) if t.get("controls") else ()
+    reference = (
+        _labels(t["reference"], f"{where}.reference", known)
+        if t.get("reference")
+        else (rows[0].label,)
+    )
+    paper_columns = {}
+    for metric, cols in (t.get("paper_columns") or {}).items():
+        cols = (cols,) if isinstance(cols, str) else tuple(cols)
+        if metric not in metrics or not set(cols) <= set(columns):
+            raise ConfigError(
+                f"{where}.paper_columns.{metric}: expected one of the paper's metrics mapped to "
+                f"columns of this table ({', '.join(columns)})"
+            )
+        paper_columns[metric] = cols
+    return PaperTable(
+        tname,
+        t["title"],
+        t["source"],
+        columns,
+        tuple(rows),
+        t.get("federation"),
+        controls,
+        reference,
+        claims,
+        paper_columns,
+    )
+
+
+def _budget(raw: dict[str, Any], where: str) -> EvidenceBudget:
+    if not isinstance(raw.get("set"), dict) or raw.get("status") not in ("converged", "capped"):
+        raise ConfigError(f"{where}: needs 'set' (overrides) and 'status' (converged | capped)")
+    return EvidenceBudget(dict(raw["set"]), raw["status"], raw.get("rule", ""), raw)
+
+
 @cache
 def load_paper(name: str) -> Paper:
     """Read and check ``fedseg/papers/<name>.yaml``."""
@@ -76,21 +229,13 @@ def load_paper(name: str) -> Paper:
     if not path.is_file():
         raise ConfigError(f"unknown paper {name!r}; papers: {', '.join(list_papers())}")
     raw = yaml.safe_load(path.read_text())
-    tables = {}
-    for tname, t in raw["tables"].items():
-        columns = tuple(t.get("columns", []))
-        rows = []
-        for i, r in enumerate(t["rows"]):
-            config = r.get("config", t.get("base"))
-            published = tuple(r.get("published", ()))
-            where = f"{path}: tables.{tname}.rows[{i}]"
-            if config is None:
-                raise ConfigError(f"{where}: needs a config (or the table a base)")
-            if published and len(published) != len(columns):
-                raise ConfigError(
-                    f"{where}: published has {len(published)} values for {len(columns)} columns"
-                )
-            overrides = tuple(t.get("set", [])) + tuple(r.get("set", []))
-            rows.append(PaperRow(r["label"], config, overrides, published))
-        tables[tname] = PaperTable(tname, t["title"], t["source"], columns, tuple(rows))
-    return Paper(name, raw["title"], tuple(raw["metrics"]), raw.get("paper_budget", {}), tables)
+    metrics = tuple(raw["metrics"])
+    tables = {tname: _table(path, tname, t, metrics) for tname, t in raw["tables"].items()}
+    ids = [c.id for t in tables.values() for c in t.claims]
+    if dupes := sorted({i for i in ids if ids.count(i) > 1}):
+        raise ConfigError(f"{path}: claim ids must be unique; repeated: {', '.join(dupes)}")
+    budgets = {
+        fed: _budget(b or {}, f"{path}: evidence_budget.{fed}")
+        for fed, b in (raw.get("evidence_budget") or {}).items()
+    }
+    return Paper(name, raw["title"], metrics, raw.get("paper_budget", {}), tables, budgets)

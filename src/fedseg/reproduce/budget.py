@@ -1,0 +1,276 @@
+"""The evidence budget of a federation: the rounds at which a table's control rows converge.
+
+The rule, fixed before measuring: each control row (FedAvg, and local / centralized training
+where the table has them) is run at ``R`` rounds (the shipped config's, then doubled) for two
+seeds with the final evaluation on the validation split; its validation DSC (mean over sites
+and regions, in points) must gain less than :data:`GAIN_POINTS` from the last periodic
+evaluation at or before round ``0.75 R`` to round ``R``, averaged over the seeds, and end at
+:data:`MIN_DSC` points or more (a flat curve at zero has not converged, it has not started).
+The first ``R`` where every control row passes is the budget (``converged``). When doubling
+would exceed :data:`TABLE_HOURS` for the federation's largest table on :data:`CORES` cores
+(estimated from the controls' CPU seconds per round), the largest ``R`` that fits is taken
+instead (``capped``). Only the control rows are ever run: never a method under test.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fedseg.config import parse_config
+from fedseg.errors import ConfigError
+from fedseg.reproduce.harness import (
+    EVIDENCE_ROOT,
+    finished_run,
+    keep_run,
+    row_config,
+    run_config,
+    slug,
+)
+from fedseg.reproduce.papers import PaperTable, load_paper
+
+__all__ = ["CORES", "GAIN_POINTS", "TABLE_HOURS", "Attempt", "Calibration", "calibrate", "gain"]
+
+GAIN_POINTS = 1.0
+MIN_DSC = 10.0
+TABLE_HOURS = 3.0
+CORES = 2
+SEEDS_PER_TABLE = 3
+DOUBLINGS = 4
+RULE = (
+    f"validation DSC of every control row gains < {GAIN_POINTS:g} point over the last quarter "
+    f"of the rounds and ends at >= {MIN_DSC:g} points (means over 2 seeds)"
+)
+
+
+def curve(run_dir: Path) -> list[tuple[int, float]]:
+    """(round, validation DSC in points) of a calibration run: its periodic evaluations and
+    the final one (on the validation split)."""
+    points = []
+    for line in (run_dir / "rounds.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("eval"):
+            values = [v for site in rec["eval"].values() for v in site.values()]
+            points.append((int(rec["round"]) + 1, 100 * statistics.fmean(values)))
+    results = json.loads((run_dir / "results.json").read_text())
+    final = [float(v) for v in results["average"]["dsc"].values()]
+    rounds = len(results["timing"]["round_seconds"])
+    points.append((rounds, 100 * statistics.fmean(final)))
+    return points
+
+
+def gain(points: Sequence[tuple[int, float]]) -> float:
+    """Validation DSC at the last round minus at the last evaluation at or before 3/4 of it."""
+    last_round, last = points[-1]
+    earlier = [v for r, v in points if r <= math.floor(0.75 * last_round)]
+    if not earlier:
+        raise ConfigError(f"no evaluation at or before round {0.75 * last_round:g}")
+    return last - earlier[-1]
+
+
+@dataclass
+class Attempt:
+    """The control rows at one number of rounds."""
+
+    rounds: int
+    curves: dict[str, list[list[tuple[int, float]]]] = field(default_factory=dict)
+    cpu_per_round: dict[str, float] = field(default_factory=dict)
+
+    def gains(self) -> dict[str, float]:
+        """Per control row, the mean gain over seeds."""
+        return {row: statistics.fmean(gain(c) for c in cs) for row, cs in self.curves.items()}
+
+    def finals(self) -> dict[str, float]:
+        """Per control row, the mean validation DSC at the last round."""
+        return {row: statistics.fmean(c[-1][1] for c in cs) for row, cs in self.curves.items()}
+
+    def converged(self) -> bool:
+        """Whether every control row passes the rule."""
+        gains, finals = self.gains(), self.finals()
+        return all(gains[r] < GAIN_POINTS and finals[r] >= MIN_DSC for r in gains)
+
+
+@dataclass
+class Calibration:
+    """The attempts at one federation and the budget they give."""
+
+    paper: str
+    table: PaperTable
+    rows_in_largest_table: int
+    attempts: list[Attempt]
+    folder: Path
+
+    @property
+    def status(self) -> str:
+        """``converged`` or ``capped``."""
+        return "converged" if self.attempts[-1].converged() else "capped"
+
+    def table_hours(self, rounds: int) -> float:
+        """Estimated wall hours of the federation's largest table at ``rounds`` (3 seeds, the
+        controls' mean CPU seconds per round for every row, :data:`CORES` runs at a time)."""
+        per_round = statistics.fmean(self.attempts[-1].cpu_per_round.values())
+        runs = self.rows_in_largest_table * SEEDS_PER_TABLE
+        return per_round * rounds * runs / CORES / 3600
+
+    def snippet(self) -> dict[str, Any]:
+        """The ``evidence_budget`` entry of the paper file."""
+        last = self.attempts[-1]
+        return {
+            self.table.federation: {
+                "set": {"train.rounds": last.rounds},
+                "status": self.status,
+                "rule": RULE,
+                "controls": list(self.table.controls),
+                "measured_on": self.table.name,
+                "gains": {
+                    str(a.rounds): {k: round(v, 2) for k, v in a.gains().items()}
+                    for a in self.attempts
+                },
+                "final_val_dsc": {
+                    str(a.rounds): {k: round(v, 2) for k, v in a.finals().items()}
+                    for a in self.attempts
+                },
+                "table_hours": round(self.table_hours(last.rounds), 1),
+                "curve": f"docs/evidence/budgets/{self.folder.name}/curve.csv",
+            }
+        }
+
+    def report(self) -> str:
+        """Markdown: the rule, each attempt's gains, the budget and the paper-file entry."""
+        lines = [
+            f"# Evidence budget of `{self.table.federation}` ({self.paper}, measured on "
+            f"{self.table.name})",
+            "",
+            f"Rule: {RULE}. Controls: {', '.join(self.table.controls)}.",
+            "",
+            "| rounds | "
+            + " | ".join(f"gain {r}" for r in self.table.controls)
+            + " | CPU s per round | converged |",
+            "|---|" + "---|" * (len(self.table.controls) + 2),
+        ]
+        for a in self.attempts:
+            g, f = a.gains(), a.finals()
+            cpu = statistics.fmean(a.cpu_per_round.values())
+            lines.append(
+                f"| {a.rounds} | "
+                + " | ".join(f"{g[r]:.2f} / {f[r]:.2f}" for r in self.table.controls)
+                + f" | {cpu:.1f} | {'yes' if a.converged() else 'no'} |"
+            )
+        last = self.attempts[-1]
+        lines += [
+            "",
+            f"Budget: `train.rounds: {last.rounds}` ({self.status}); estimated "
+            f"{self.table_hours(last.rounds):.1f} h for the largest table of this federation "
+            f"({self.rows_in_largest_table} rows, {SEEDS_PER_TABLE} seeds, {CORES} cores).",
+            "",
+            "Paper-file entry (`evidence_budget:`):",
+            "",
+            "```yaml",
+            yaml.safe_dump(self.snippet(), sort_keys=False).rstrip(),
+            "```",
+            "",
+        ]
+        return "\n".join(lines)
+
+    def write(self) -> None:
+        """budget.md, curve.csv and curve.png in the calibration folder."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / "budget.md").write_text(self.report())
+        rows = ["rounds,row,seed,round,val_dsc"]
+        for a in self.attempts:
+            for row, cs in a.curves.items():
+                for seed, c in enumerate(cs):
+                    rows += [f"{a.rounds},{row},{seed},{r},{v:.4f}" for r, v in c]
+        (self.folder / "curve.csv").write_text("\n".join(rows) + "\n")
+        _plot(self, self.folder / "curve.png")
+
+
+def _plot(cal: Calibration, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(cal.attempts), figsize=(4 * len(cal.attempts), 3.2))
+    for ax, a in zip(list(axes) if len(cal.attempts) > 1 else [axes], cal.attempts, strict=True):
+        for i, (row, cs) in enumerate(a.curves.items()):
+            for c in cs:
+                ax.plot(*zip(*c, strict=True), color=f"C{i}", alpha=0.8, label=row)
+        ax.axvline(0.75 * a.rounds, color="grey", ls=":")
+        ax.set_title(f"{a.rounds} rounds")
+        ax.set_xlabel("round")
+        ax.set_ylabel("validation DSC")
+        handles, labels = ax.get_legend_handles_labels()
+        ax.legend(dict(zip(labels, handles, strict=True)).values(), dict.fromkeys(labels))
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def calibrate(
+    paper: str,
+    table: str,
+    seeds: int = 2,
+    overrides: Sequence[str] = (),
+    out: Path | None = None,
+    on_run: Callable[[str, dict[str, Any], float], None] | None = None,
+    folder: Path | None = None,
+) -> Calibration:
+    """Run ``table``'s control rows at the shipped rounds, then doubled, until the rule holds
+    or the time cap binds; write budget.md, curve.csv and curve.png to
+    ``folder`` (default ``docs/evidence/budgets/<paper>-<federation>/``) with each run's small
+    files there, which later calls reuse."""
+    p = load_paper(paper)
+    t = p.table(table)
+    if not t.controls or not t.federation:
+        raise ConfigError(f"table {table!r} of {paper} names no federation or control rows")
+    largest = max(len(x.rows) for x in p.tables.values() if x.federation == t.federation)
+    folder = folder or EVIDENCE_ROOT / "budgets" / f"{paper}-{t.federation}"
+    out = out or Path("runs") / "calibrate" / f"{paper}-{t.federation}"
+    raws = {row: row_config(t.row(row), "cpu", {}, overrides) for row in t.controls}
+    rounds = int(parse_config(copy.deepcopy(raws[t.controls[0]][0])).train.rounds)
+    cal = Calibration(paper, t, largest, [], folder)
+    for _ in range(DOUBLINGS + 1):
+        attempt = Attempt(rounds)
+        for row, (raw, path) in raws.items():
+            cpu = []
+            for k in range(seeds):
+                run_raw = copy.deepcopy(raw)
+                run_raw["seed"] = int(raw.get("seed", 0)) + k
+                run_raw.setdefault("train", {})["rounds"] = rounds
+                run_raw["eval"] = {**(run_raw.get("eval") or {}), "every": max(1, rounds // 20)}
+                run_raw["eval"]["split"] = "val"
+                name = f"r{rounds}/{slug(row)}/seed{run_raw['seed']}"
+                kept = folder / "runs" / name
+                if finished_run(kept, parse_config(copy.deepcopy(run_raw), str(path))):
+                    run_dir, res = kept, json.loads((kept / "results.json").read_text())
+                else:
+                    run_dir = out / name
+                    res = run_config(run_raw, run_dir, str(path))
+                    keep_run(run_dir, kept)
+                attempt.curves.setdefault(row, []).append(curve(run_dir))
+                cpu.append(statistics.fmean(res["timing"]["round_cpu_seconds"]))
+                if on_run:
+                    on_run(
+                        f"{row} at {rounds} rounds (seed {run_raw['seed']})",
+                        res,
+                        sum(res["timing"]["round_seconds"]),
+                    )
+            attempt.cpu_per_round[row] = statistics.fmean(cpu)
+        cal.attempts.append(attempt)
+        cal.write()
+        if attempt.converged():
+            break
+        fits = int(TABLE_HOURS / cal.table_hours(1))
+        if fits <= rounds:
+            break
+        rounds = min(2 * rounds, fits)
+    return cal

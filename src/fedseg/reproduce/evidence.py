@@ -1,0 +1,317 @@
+"""A reproduced table's page: table.md, table.csv, claims.csv, the strip plot and the command,
+and the index of every evidence page (``docs/evidence/README.md``)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fedseg.reproduce.stats import ALPHA
+from fedseg.reproduce.verdicts import Comparison
+
+if TYPE_CHECKING:
+    from fedseg.reproduce.harness import Reproduction
+
+__all__ = ["render_claims_csv", "render_csv", "render_markdown", "write_index", "write_table"]
+
+_ALIASES = {
+    "dsc": ("DSC", "Dice"),
+    "jaccard": ("mIoU", "IoU", "Jaccard"),
+    "hd95": ("HD95",),
+    "hd": ("HD",),
+    "assd": ("ASSD",),
+}
+_LABELS = {"dsc": "DSC", "jaccard": "mIoU", "hd95": "HD95", "hd": "HD", "assd": "ASSD"}
+
+
+def _num(v: float | None, digits: int = 2) -> str:
+    return "n/a" if v is None or math.isnan(v) else f"{v:.{digits}f}"
+
+
+def _p(v: float) -> str:
+    return "n/a" if math.isnan(v) else (f"{v:.2g}" if v < 0.001 else f"{v:.3f}")
+
+
+def paper_values(rep: Reproduction, label: str, metric: str) -> str:
+    """The paper's published values of ``metric`` for a row: the table's ``paper_columns``
+    of the metric, or every column named after it."""
+    t = rep.table
+    row = t.row(label)
+    if metric in t.paper_columns:
+        cols = [t.columns.index(c) for c in t.paper_columns[metric]]
+    else:
+        cols = [i for i, c in enumerate(t.columns) if c.split()[-1] in _ALIASES.get(metric, ())]
+    values = [row.published[i] for i in cols if row.published and row.published[i] is not None]
+    return "/".join(f"{v:g}" for v in values) or "—"
+
+
+def _diff(c: Comparison) -> str:
+    s = c.stats
+    if c.refused or s is None:
+        return f"refused: {c.refused}"
+    return f"{_num(s.median)} [{_num(s.low)}, {_num(s.high)}]"
+
+
+def render_markdown(rep: Reproduction) -> str:
+    """The page: rows over seeds beside the paper, rows against the references, claims."""
+    t, a = rep.table, rep.analysis
+    metrics = rep.paper.metrics
+    budget = ", ".join(f"{k}={v}" for k, v in rep.overrides.items()) or "shipped configs"
+    seeds = sorted({len(r.results) for r in rep.rows})
+    head = (
+        ["row", "seeds"]
+        + [f"ours {_LABELS.get(m, m)}" for m in metrics]
+        + [f"paper {c}" for c in t.columns]
+        + ["wall s", "CPU s"]
+    )
+    lines = [
+        f"## {rep.paper.title}: {t.title}",
+        "",
+        f"Budget `{rep.budget}` ({budget}); seeds per row: {', '.join(map(str, seeds))}; "
+        f"published numbers: {t.source}. Ours: synthetic federations, so the ordering of rows "
+        "and the gaps between them are what compares with the paper. A cell is the mean over "
+        "seeds of the average over sites and regions, ± the sample sd over seeds and the 95 % "
+        "interval of the mean (overlaps in %, distances as the paper's unit).",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for rr in rep.rows:
+        label = rr.row.label
+        cells = [label, str(len(rr.results))]
+        for m in metrics:
+            s = a.summaries[(label, m)] if a else None
+            if s is None or s.sd is None:
+                cells.append(_num(s.mean) if s else "n/a")
+            else:
+                cells.append(f"{_num(s.mean)} ± {_num(s.sd)} [{_num(s.low)}, {_num(s.high)}]")
+        published = rr.row.published or (None,) * len(t.columns)
+        cells += ["—" if v is None else f"{v:g}" for v in published]
+        cells += [f"{rr.seconds:.0f}", f"{rr.cpu_seconds:.0f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    if a is None:
+        return "\n".join(lines) + "\n"
+    if a.claims:
+        lines += [
+            "",
+            "### Claims",
+            "",
+            f"Verdicts: paired Wilcoxon signed-rank test over test cases (each case averaged over "
+            f"regions and seeds), Holm-adjusted within this table, at {ALPHA}; closeness: the "
+            "bootstrap 95 % interval of the median difference inside the margin "
+            "(docs/reproduce.md#reading-a-verdict).",
+            "",
+            "| claim | the paper says | source | metric | paper | ours: median difference "
+            "[95 % CI] | pairs | p (Holm) | verdict |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for v in a.claims:
+            c = v.claim
+            paper = "; ".join(
+                f"{x} {paper_values(rep, x, c.metric)} vs {y} {paper_values(rep, y, c.metric)}"
+                for x, y in c.pairs()
+            )
+            diffs = "; ".join(f"{x.row} − {x.other}: {_diff(x)}" for x in v.comparisons) or "—"
+            pairs = ", ".join(str(x.stats.pairs) for x in v.comparisons if x.stats) or "—"
+            ps = ", ".join(_p(x.p_holm) for x in v.comparisons if x.stats) or "—"
+            margin = f" (margin {c.within:g})" if c.within else ""
+            verdict = f"**{v.verdict}**" + (f" ({v.reason})" if v.verdict != "holds" else "")
+            lines.append(
+                f"| {c.id} | {c.says}{margin} | {c.source} | {_LABELS.get(c.metric, c.metric)} "
+                f"| {paper} | {diffs} | {pairs} | {ps} | {verdict} |"
+            )
+    if a.references:
+        lines += [
+            "",
+            f"### Every row against {', '.join(t.reference)}",
+            "",
+            "Median paired difference (row − reference) over test cases with its bootstrap 95 % "
+            "interval; `better`/`worse` when Holm-adjusted p < "
+            f"{ALPHA} in the metric's own direction.",
+            "",
+            "| row | vs | metric | pairs | median difference [95 % CI] | p | p (Holm) | reading |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for c in a.references:
+            n = str(c.stats.pairs) if c.stats else "—"
+            p = _p(c.stats.p) if c.stats else "—"
+            lines.append(
+                f"| {c.row} | {c.other} | {_LABELS.get(c.metric, c.metric)} | {n} | {_diff(c)} "
+                f"| {p} | {_p(c.p_holm)} | {c.better()} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def render_csv(rep: Reproduction) -> str:
+    """One line per row and metric, then per row, reference and metric: the statistics."""
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(
+        [
+            "row",
+            "metric",
+            "mean",
+            "sd",
+            "n_seeds",
+            "ci_low",
+            "ci_high",
+            "vs",
+            "pairs",
+            "dropped",
+            "p",
+            "p_holm",
+            "median_diff",
+            "diff_low",
+            "diff_high",
+            "verdict",
+            "paper",
+            "wall_s",
+            "cpu_s",
+        ]
+    )
+    a = rep.analysis
+    refs: dict[tuple[str, str], list[Comparison]] = {}
+    for c in a.references if a else []:
+        refs.setdefault((c.row, c.metric), []).append(c)
+    for rr in rep.rows:
+        label = rr.row.label
+        for m in rep.paper.metrics:
+            s = a.summaries[(label, m)] if a else None
+            base = [
+                label,
+                m,
+                s.mean if s else "",
+                _blank(s.sd if s else None),
+                s.n if s else "",
+                _blank(s.low if s else None),
+                _blank(s.high if s else None),
+            ]
+            tail = [paper_values(rep, label, m), round(rr.seconds, 1), round(rr.cpu_seconds, 1)]
+            w.writerow(base + [""] * 9 + tail)
+            for c in refs.get((label, m), []):
+                w.writerow([*base, c.other, *_stat_cells(c), c.better(), *tail])
+    return buf.getvalue()
+
+
+def _stat_cells(c: Comparison | None) -> list[Any]:
+    """pairs, dropped, p, p_holm, median, low, high of a comparison (blank when not tested)."""
+    st = c.stats if c else None
+    if c is None or st is None:
+        return [""] * 7
+    return [st.pairs, st.dropped, st.p, _blank(c.p_holm), st.median, st.low, st.high]
+
+
+def _blank(v: float | None) -> Any:
+    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else v
+
+
+def render_claims_csv(rep: Reproduction) -> str:
+    """One line per claim and compared pair: the statistics and the claim's verdict."""
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(
+        [
+            "claim",
+            "kind",
+            "metric",
+            "row",
+            "vs",
+            "margin",
+            "pairs",
+            "dropped",
+            "p",
+            "p_holm",
+            "median_diff",
+            "diff_low",
+            "diff_high",
+            "pair_verdict",
+            "verdict",
+        ]
+    )
+    for v in rep.analysis.claims if rep.analysis else []:
+        c = v.claim
+        for x in v.comparisons or [None]:
+            pair = "" if x is None else (x.better() if c.kind == "better" else x.close(c.within))
+            pair = {"better": "holds", "worse": "contradicted"}.get(pair, pair)
+            row = [x.row, x.other] if x else ["", ""]
+            w.writerow(
+                [c.id, c.kind, c.metric, *row, _blank(c.within), *_stat_cells(x), pair, v.verdict]
+            )
+    return buf.getvalue()
+
+
+def strip_plot(rep: Reproduction, path: Path) -> Path | None:
+    """Per metric, each row's per-case values (seed means) as a strip with the row's median."""
+    from fedseg.reporting.strip import strip_figure
+
+    a = rep.analysis
+    if a is None or not a.cases:
+        return None
+    labels = [r.row.label for r in rep.rows]
+    panels = {
+        _LABELS.get(m, m): [list(a.cases[(label, m)].values()) for label in labels]
+        for m in rep.paper.metrics
+    }
+    return strip_figure(labels, panels, f"{rep.paper.name} {rep.table.name}", path)
+
+
+def write_table(rep: Reproduction, folder: Path, command: str | None) -> None:
+    """Write the page of ``rep`` into ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "table.md").write_text(render_markdown(rep))
+    (folder / "table.csv").write_text(render_csv(rep))
+    (folder / "claims.csv").write_text(render_claims_csv(rep))
+    strip_plot(rep, folder / "strip.png")
+    if command:
+        (folder / "command.txt").write_text(command + "\n")
+    summary = {
+        "paper": rep.paper.name,
+        "title": f"{rep.paper.title}: {rep.table.title}",
+        "table": rep.table.name,
+        "budget": rep.budget,
+        "overrides": {k: str(v) for k, v in rep.overrides.items()},
+        "seeds": {r.row.label: len(r.results) for r in rep.rows},
+        "rows": len(rep.table.rows),
+        "claims": [
+            {"id": v.claim.id, "says": v.claim.says, "verdict": v.verdict, "reason": v.reason}
+            for v in (rep.analysis.claims if rep.analysis else [])
+        ],
+    }
+    (folder / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+
+
+INDEX_HEAD = """# Evidence: the papers' claims and their verdicts
+
+Generated by `fedseg reproduce ... --budget evidence` (docs/reproduce.md explains how to read a
+verdict). Each page holds the table, the statistics (`table.csv`, `claims.csv`), a strip plot of
+the per-case metric, the exact command and the small files of every finished run (`runs/`), so
+the statistics can be recomputed and an interrupted table continues on another machine. The
+claims were written down before any run was read against them: [claims.md](claims.md).
+"""
+
+
+def write_index(root: Path) -> Path:
+    """``root/README.md``: each evidence page, its budget, seeds and claims' verdicts."""
+    lines = [INDEX_HEAD]
+    for summary in sorted(root.glob("*/summary.json")):
+        s = json.loads(summary.read_text())
+        folder = summary.parent.name
+        seeds = sorted(set(s["seeds"].values()))
+        done = f"{len(s['seeds'])} of {s['rows']} rows run"
+        lines += [
+            f"## [{s['title']}]({folder}/table.md)",
+            "",
+            f"Budget `{s['budget']}`; {done}; seeds per row: {', '.join(map(str, seeds))}.",
+            "",
+        ]
+        if s["claims"]:
+            lines += ["| claim | says | verdict |", "|---|---|---|"]
+            lines += [f"| {c['id']} | {c['says']} | {c['verdict']} |" for c in s["claims"]]
+            lines.append("")
+    index = root / "README.md"
+    index.write_text("\n".join(lines))
+    return index

@@ -1,0 +1,227 @@
+"""A paper table's statistics: rows over seeds, every row against the reference rows, and a
+verdict per claim (docs/reproduce.md#reading-a-verdict).
+
+Verdicts: ``holds`` (Holm-adjusted Wilcoxon p < ALPHA in the claimed direction; for a closeness
+claim: the 95 % interval of the median difference inside the margin), ``contradicted``
+(significant the other way; the interval outside the margin), ``unresolved`` (neither),
+``refused`` (the rows ran on different data, budgets or seeds) and ``not run``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from fedseg.reproduce.papers import Claim, PaperTable
+from fedseg.reproduce.stats import (
+    ALPHA,
+    HIGHER_IS_BETTER,
+    CaseKey,
+    Paired,
+    SeedSummary,
+    case_values,
+    holm,
+    paired,
+    seed_mean,
+    seed_summary,
+)
+
+__all__ = [
+    "COMPARED_SETTINGS",
+    "ClaimVerdict",
+    "Comparison",
+    "RowRuns",
+    "TableAnalysis",
+    "analyse",
+    "config_difference",
+]
+
+COMPARED_SETTINGS = (
+    "data.root",
+    "data.synth",
+    "eval.split",
+    "train.rounds",
+    "train.local_epochs",
+    "train.local_iters",
+)
+"""Settings two rows must share for their cases to be compared (the data and the budget)."""
+
+
+@dataclass
+class RowRuns:
+    """The finished runs of one row: resolved configs, results and cases.csv, one per seed."""
+
+    label: str
+    configs: list[dict[str, Any]] = field(default_factory=list)
+    results: list[dict[str, Any]] = field(default_factory=list)
+    cases: list[Path] = field(default_factory=list)
+
+    @property
+    def seeds(self) -> list[int]:
+        """The seeds the row ran."""
+        return sorted(int(c.get("seed", 0)) for c in self.configs)
+
+
+def _get(cfg: Mapping[str, Any], dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, Mapping) else None
+    return node
+
+
+def config_difference(a: RowRuns, b: RowRuns) -> str | None:
+    """Why the cases of ``a`` and ``b`` cannot be compared (None if they can)."""
+    if a.seeds != b.seeds:
+        return f"{a.label!r} ran seeds {a.seeds}, {b.label!r} seeds {b.seeds}"
+    for key in COMPARED_SETTINGS:
+        va, vb = _get(a.configs[0], key), _get(b.configs[0], key)
+        if va != vb:
+            return f"{key} differs: {a.label!r} ran {va!r}, {b.label!r} ran {vb!r}"
+    return None
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """``row`` minus ``other`` on ``metric``; ``p_holm`` within the table's family."""
+
+    row: str
+    other: str
+    metric: str
+    stats: Paired | None
+    p_holm: float = math.nan
+    refused: str | None = None
+
+    def reversed(self) -> Comparison:
+        """``other`` minus ``row``."""
+        s = self.stats
+        if s is not None:
+            s = replace(s, median=-s.median, low=-s.high, high=-s.low, direction=-s.direction)
+        return replace(self, row=self.other, other=self.row, stats=s)
+
+    def better(self) -> str:
+        """``better`` / ``worse`` (significant in the metric's own direction) or ``unresolved``."""
+        if self.refused or self.stats is None:
+            return "refused"
+        sign = 1 if HIGHER_IS_BETTER.get(self.metric, False) else -1
+        if self.p_holm < ALPHA and self.stats.direction:
+            return "better" if sign * self.stats.direction > 0 else "worse"
+        return "unresolved"
+
+    def close(self, margin: float) -> str:
+        """``holds`` when the interval lies inside +-margin, ``contradicted`` when outside."""
+        if self.refused or self.stats is None:
+            return "refused"
+        s = self.stats
+        if -margin < s.low and s.high < margin:
+            return "holds"
+        if s.low > margin or s.high < -margin:
+            return "contradicted"
+        return "unresolved"
+
+
+@dataclass(frozen=True)
+class ClaimVerdict:
+    """A claim, its comparisons and its verdict."""
+
+    claim: Claim
+    comparisons: tuple[Comparison, ...]
+    verdict: str
+    reason: str = ""
+
+
+@dataclass
+class TableAnalysis:
+    """Rows over seeds, rows against the references, claims with verdicts."""
+
+    summaries: dict[tuple[str, str], SeedSummary]
+    references: list[Comparison]
+    claims: list[ClaimVerdict]
+    cases: dict[tuple[str, str], dict[CaseKey, float]]
+    """Per (row, metric): each test case's value, averaged over regions and seeds."""
+
+
+def _site_average(results: Mapping[str, Any], metric: str) -> float:
+    per_region = results["average"].get(metric) or {}
+    values = [math.nan if v is None else float(v) for v in per_region.values()]
+    scale = 100.0 if metric in HIGHER_IS_BETTER else 1.0
+    return scale * sum(values) / len(values) if values else math.nan
+
+
+def _claim_verdict(claim: Claim, comps: Sequence[Comparison]) -> ClaimVerdict:
+    refused = [c for c in comps if c.refused]
+    if refused:
+        return ClaimVerdict(claim, tuple(comps), "refused", refused[0].refused or "")
+    if claim.kind == "better":
+        each = [c.better() for c in comps]
+        each = ["holds" if v == "better" else "contradicted" if v == "worse" else v for v in each]
+    else:
+        each = [c.close(float(claim.within or 0)) for c in comps]
+    if all(v == "holds" for v in each):
+        verdict = "holds"
+    elif "contradicted" in each:
+        verdict = "contradicted"
+    else:
+        verdict = "unresolved"
+    pairs = min((c.stats.pairs for c in comps if c.stats), default=0)
+    return ClaimVerdict(claim, tuple(comps), verdict, f"{pairs} pairs")
+
+
+def analyse(
+    table: PaperTable, runs: Mapping[str, RowRuns], metrics: Sequence[str]
+) -> TableAnalysis:
+    """Statistics of one table from the rows' finished runs (rows without runs are skipped;
+    a claim on such a row is ``not run``)."""
+    summaries = {
+        (label, m): seed_summary([_site_average(r, m) for r in rr.results])
+        for label, rr in runs.items()
+        for m in metrics
+    }
+    cases = {
+        (label, m): seed_mean([case_values(p, m) for p in rr.cases], f"row {label!r}")
+        for label, rr in runs.items()
+        for m in metrics
+    }
+
+    computed: dict[tuple[str, str, str], Comparison] = {}
+
+    def compare(a: str, b: str, metric: str) -> Comparison:
+        if (b, a, metric) in computed:
+            return computed[(b, a, metric)].reversed()
+        if (a, b, metric) not in computed:
+            why = config_difference(runs[a], runs[b])
+            stats = None if why else paired(cases[(a, metric)], cases[(b, metric)], f"{a} - {b}")
+            computed[(a, b, metric)] = Comparison(a, b, metric, stats, refused=why)
+        return computed[(a, b, metric)]
+
+    wanted: list[tuple[str, str, str]] = []
+    for ref in table.reference:
+        wanted += [(r, ref, m) for r in runs if r != ref and ref in runs for m in metrics]
+    for claim in table.claims:
+        wanted += [(a, b, claim.metric) for a, b in claim.pairs() if a in runs and b in runs]
+    for a, b, m in wanted:
+        compare(a, b, m)
+    tested = [k for k, c in computed.items() if c.stats is not None]
+    for key, p in zip(tested, holm([computed[k].stats.p for k in tested]), strict=True):
+        computed[key] = replace(computed[key], p_holm=p)
+
+    references = [
+        compare(r, ref, m)
+        for ref in table.reference
+        if ref in runs
+        for r in runs
+        if r != ref
+        for m in metrics
+    ]
+    verdicts = []
+    for claim in table.claims:
+        missing = sorted({x for pair in claim.pairs() for x in pair if x not in runs})
+        if missing:
+            verdicts.append(ClaimVerdict(claim, (), "not run", f"no runs of {', '.join(missing)}"))
+            continue
+        verdicts.append(
+            _claim_verdict(claim, [compare(a, b, claim.metric) for a, b in claim.pairs()])
+        )
+    return TableAnalysis(summaries, references, verdicts, cases)

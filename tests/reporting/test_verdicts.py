@@ -1,0 +1,240 @@
+"""Statistics of a reproduced table: paired tests over cases, Holm, verdicts per claim,
+refusals, the evidence folder and the evidence budget's rule."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedseg.errors import ConfigError
+from fedseg.reproduce import papers
+from fedseg.reproduce.budget import Attempt, gain
+from fedseg.reproduce.harness import reproduce
+from fedseg.reproduce.papers import Claim, PaperRow, PaperTable
+from fedseg.reproduce.stats import holm, paired
+from fedseg.reproduce.verdicts import RowRuns, analyse
+
+CASES = [(site, f"{site}{i}") for site in ("A", "B") for i in range(8)]
+CONFIG = {
+    "seed": 0,
+    "data": {"root": "data/x", "synth": {"task": "faz", "size": 32}},
+    "train": {"rounds": 5, "local_iters": 3},
+    "eval": {"split": "test"},
+}
+
+
+def _cases(path: Path, dsc: dict[tuple[str, str], float]) -> Path:
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["site", "case", "id", "region", "metric", "value"])
+        for i, ((site, cid), v) in enumerate(dsc.items()):
+            for region, shift in (("faz", 0.0), ("rim", 0.02)):
+                w.writerow([site, i, cid, region, "dsc", v + shift])
+    return path
+
+
+def _row(tmp_path: Path, label: str, values: list[list[float]], **changes) -> RowRuns:
+    """A row with one run per list in ``values`` (per-case DSC as fractions)."""
+    rr = RowRuns(label)
+    for seed, vals in enumerate(values):
+        cfg = json.loads(json.dumps(CONFIG))
+        cfg["seed"] = seed
+        for dotted, v in changes.items():
+            node = cfg
+            *parents, leaf = dotted.split("__")
+            for p in parents:
+                node = node[p]
+            node[leaf] = v
+        rr.configs.append(cfg)
+        rr.results.append({"average": {"dsc": {"faz": sum(vals) / len(vals), "rim": 0.0}}})
+        rr.cases.append(
+            _cases(tmp_path / f"{label}-{seed}.csv", dict(zip(CASES, vals, strict=True)))
+        )
+    return rr
+
+
+def _table(*claims: Claim, labels=("ours", "base")) -> PaperTable:
+    rows = tuple(PaperRow(label, "quickstart") for label in labels)
+    return PaperTable("t", "T", "src", ("DSC",), rows, "faz", (), (labels[-1],), claims)
+
+
+def _claim(kind="better", rows=("ours",), others=("base",), within=None, metric="dsc"):
+    return Claim("c", "says", "Sec. 1", metric, kind, rows, others, within)
+
+
+BASE = [0.50 + 0.01 * i for i in range(len(CASES))]
+
+
+def test_a_row_better_on_every_case_holds_and_the_reversed_claim_is_contradicted(tmp_path):
+    runs = {
+        "ours": _row(tmp_path, "ours", [[v + 0.05 for v in BASE], [v + 0.07 for v in BASE]]),
+        "base": _row(tmp_path, "base", [BASE, BASE]),
+    }
+    claim, reverse = _claim(), _claim(rows=("base",), others=("ours",))
+    a = analyse(_table(claim), runs, ["dsc"])
+    (v,) = a.claims
+    assert v.verdict == "holds"
+    c = v.comparisons[0]
+    assert c.stats.pairs == len(CASES) and c.stats.dropped == 0
+    assert c.stats.median == pytest.approx(6.0)  # seed means: +5 and +7 points -> +6
+    assert c.stats.low == pytest.approx(6.0) and c.stats.high == pytest.approx(6.0)
+    assert c.stats.p < 1e-3 and c.stats.direction == 1
+    assert analyse(_table(reverse), runs, ["dsc"]).claims[0].verdict == "contradicted"
+    # a row mean over seeds with its sample sd and t-interval
+    s = a.summaries[("ours", "dsc")]
+    # site averages (region means) of the two seeds differ by 1 point: sd 1/sqrt(2)
+    assert s.n == 2 and s.sd == pytest.approx(1 / math.sqrt(2))
+    assert s.high - s.mean == pytest.approx(12.7062047 * s.sd / math.sqrt(2))  # t(0.975, 1)
+
+
+def test_distances_are_better_when_lower(tmp_path):
+    lower = _row(tmp_path, "ours", [[v - 0.2 for v in BASE]])
+    runs = {"ours": lower, "base": _row(tmp_path, "base", [BASE])}
+    for rr in runs.values():  # write the same values as hd95 (smaller is better)
+        for p in rr.cases:
+            text = p.read_text().replace(",dsc,", ",hd95,")
+            p.write_text(text)
+    a = analyse(_table(_claim(metric="hd95")), runs, ["hd95"])
+    assert a.claims[0].verdict == "holds"
+
+
+def test_identical_rows_are_unresolved_with_p_one(tmp_path):
+    runs = {"ours": _row(tmp_path, "ours", [BASE]), "base": _row(tmp_path, "base", [BASE])}
+    (v,) = analyse(_table(_claim()), runs, ["dsc"]).claims
+    assert v.verdict == "unresolved" and v.comparisons[0].stats.p == 1.0
+    assert v.reason == f"{len(CASES)} pairs"
+
+
+def test_closeness_inside_and_outside_the_margin(tmp_path):
+    runs = {
+        "ours": _row(tmp_path, "ours", [[v + 0.01 for v in BASE]]),
+        "base": _row(tmp_path, "base", [BASE]),
+    }
+    near = analyse(_table(_claim("close", within=3.5)), runs, ["dsc"]).claims[0]
+    assert near.verdict == "holds"
+    far = analyse(_table(_claim("close", within=0.5)), runs, ["dsc"]).claims[0]
+    assert far.verdict == "contradicted"
+
+
+def test_holm_against_a_hand_computation():
+    p = [0.01, 0.04, 0.03, 0.005]
+    # sorted: 0.005*4=0.02, 0.01*3=0.03, 0.03*2=0.06, 0.04*1=0.04 -> max-accumulated 0.06
+    assert holm(p) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.9, 0.8]) == pytest.approx([1.0, 1.0])  # capped at 1
+
+
+def test_holm_is_applied_over_every_comparison_of_the_table(tmp_path):
+    runs = {
+        label: _row(tmp_path, label, [[v + shift for v in BASE]])
+        for label, shift in (("ours", 0.05), ("mid", 0.0), ("base", 0.0))
+    }
+    a = analyse(_table(_claim(), labels=("ours", "mid", "base")), runs, ["dsc"])
+    tested = [c for c in a.references if c.stats]
+    raw = sorted(c.stats.p for c in tested)
+    assert len(tested) == 2  # ours-base (shared with the claim), mid-base
+    assert min(c.p_holm for c in tested) == pytest.approx(min(1.0, 2 * raw[0]))
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"train__rounds": 9}, "train.rounds"),
+        ({"data__synth__size": 64}, "data.synth"),
+        ({"data__root": "data/y"}, "data.root"),
+    ],
+)
+def test_a_claim_on_rows_of_different_data_or_budgets_is_refused(tmp_path, change, named):
+    runs = {
+        "ours": _row(tmp_path, "ours", [BASE], **change),
+        "base": _row(tmp_path, "base", [BASE]),
+    }
+    (v,) = analyse(_table(_claim()), runs, ["dsc"]).claims
+    assert v.verdict == "refused" and named in v.reason and "'ours'" in v.reason
+
+
+def test_rows_of_other_seeds_or_cases_are_refused(tmp_path):
+    runs = {"ours": _row(tmp_path, "ours", [BASE, BASE]), "base": _row(tmp_path, "base", [BASE])}
+    (v,) = analyse(_table(_claim()), runs, ["dsc"]).claims
+    assert v.verdict == "refused" and "seeds" in v.reason
+    with pytest.raises(ConfigError, match="different cases"):
+        paired({("A", "1"): 1.0}, {("A", "2"): 1.0}, "ours - base")
+
+
+def test_undefined_cases_are_dropped_and_counted():
+    row = {("A", str(i)): float(i) for i in range(6)}
+    other = {**{k: v - 1 for k, v in row.items()}, ("A", "0"): math.nan}
+    s = paired(row, other, "x")
+    assert s.pairs == 5 and s.dropped == 1 and s.median == 1.0
+
+
+def test_the_evidence_budget_rule():
+    rising = [(2, 10.0), (4, 20.0), (6, 30.0), (8, 35.0)]
+    assert gain(rising) == pytest.approx(5.0)  # round 8 against round 6 (= 0.75 * 8)
+    flat = [(2, 40.0), (4, 41.0), (6, 41.5), (8, 42.0)]
+    a = Attempt(8, {"FedAvg": [flat, flat]}, {"FedAvg": 1.0})
+    assert a.converged()
+    a.curves["LT"] = [rising, rising]
+    assert not a.converged()  # every control row must pass
+    zero = [(2, 0.0), (4, 0.0), (6, 0.0), (8, 0.0)]
+    assert not Attempt(8, {"FedAvg": [zero, zero]}).converged()  # not started is not converged
+
+
+PAPER = """
+paper: toy
+title: Toy paper
+metrics: [dsc]
+evidence_budget:
+  toyfed: {set: {train.rounds: 2}, status: converged, rule: test}
+tables:
+  t:
+    title: Two identical rows
+    source: none
+    columns: [DSC]
+    base: quickstart
+    federation: toyfed
+    controls: [A]
+    reference: [A]
+    set: ["data.synth.sites=2", "data.synth.size=32", "data.synth.per_site=12",
+          "model.widths=[8,16,32]", "model.dropout=[0,0,0]", "train.local_iters=2",
+          "train.batch_size=2"]
+    rows:
+      - {label: A, published: [80.0]}
+      - {label: B, published: [70.0]}
+    claims:
+      - {id: a-beats-b, says: A beats B, source: Table 1, metric: dsc, better: A, than: B}
+"""
+
+
+def test_identical_configs_end_to_end_and_the_evidence_folder(tmp_path, monkeypatch):
+    monkeypatch.setattr(papers, "PAPERS_DIR", tmp_path)
+    raw = yaml.safe_load(PAPER)
+    raw["tables"]["t"]["set"].append(f"data.root={tmp_path / 'fed'}")
+    (tmp_path / "toy.yaml").write_text(yaml.safe_dump(raw))
+    papers.load_paper.cache_clear()
+    evidence = tmp_path / "evidence" / "toy-t"
+    try:
+        rep = reproduce("toy", "t", "evidence", tmp_path / "out", evidence=evidence, command="x")
+        (v,) = rep.analysis.claims
+        assert v.verdict == "unresolved" and v.comparisons[0].stats.p == 1.0
+        for name in ("table.md", "table.csv", "claims.csv", "strip.png", "command.txt"):
+            assert (evidence / name).is_file()
+        kept = evidence / "runs" / "a" / "seed0"
+        assert sorted(p.name for p in kept.iterdir()) == sorted(
+            ["cases.csv", "config.yaml", "results.json", "rounds.jsonl"]
+        )
+        assert "unresolved" in (tmp_path / "evidence" / "README.md").read_text()
+        # a committed finished run counts as done on another machine: nothing is retrained
+        shutil.rmtree(tmp_path / "out")
+        rep2 = reproduce("toy", "t", "evidence", tmp_path / "out", evidence=evidence)
+        assert not (tmp_path / "out" / "a").exists()
+        assert rep2.rows[0].dirs[0] == kept
+        claims = list(csv.DictReader((evidence / "claims.csv").open()))
+        assert claims[0]["verdict"] == "unresolved" and float(claims[0]["p"]) == 1.0
+    finally:
+        papers.load_paper.cache_clear()
