@@ -312,6 +312,13 @@ def write_index(root: Path) -> Path:
             lines += ["| claim | says | verdict |", "|---|---|---|"]
             lines += [f"| {c['id']} | {c['says']} | {c['verdict']} |" for c in s["claims"]]
             lines.append("")
+    budgets = sorted(root.glob("budgets/*/budget.md"))
+    if budgets:
+        lines += ["## Evidence budgets", ""]
+        lines += [f"- [{b.parent.name}](budgets/{b.parent.name}/budget.md)" for b in budgets]
+        lines.append("")
+    if not any(root.glob("*/summary.json")):
+        lines += ["No table has been run at the evidence budget yet.", ""]
     index = root / "README.md"
     index.write_text("\n".join(lines))
     return index
