@@ -27,11 +27,13 @@ from fedseg.reporting.compare import (
 from fedseg.reporting.plots import plot_row_curves, plot_site_bars, plot_training_curves
 from fedseg.reporting.results import METRIC_LABELS
 from fedseg.reporting.runs import Run, load_run
+from fedseg.reporting.segmentations import segmentation_figure
 
 __all__ = ["report_html", "write_report"]
 
 Figures = dict[str, list[tuple[str, Path]]]
 RUN_CURVES = "training curves of"
+SEGMENTATIONS = "segmentations of the test cases"
 
 _CSS = """
 body{font-family:sans-serif;margin:24px;color:#222;max-width:1400px}
@@ -49,7 +51,8 @@ def write_report(
     report: Report | list[Path], out: Path, metrics: tuple[str, ...] | None = None
 ) -> list[Path]:
     """Write ``report.md``, ``report.csv``, ``report.html`` and the figures they show
-    (``figures/``) into ``out`` for a report or a list of run directories; return the
+    (``figures/``: learning curves, bars per site, the segmentations of fixed test cases,
+    each run's curves) into ``out`` for a report or a list of run directories; return the
     written paths. Run directories are only read."""
     if not isinstance(report, Report):
         report = build_report([load_run(d) for d in report])
@@ -65,6 +68,9 @@ def write_report(
             if m in ("dsc", "hd95"):
                 path = plot_site_bars(section, m, figs / f"bars_{k}_{m}.png")
                 shown.append((f"{m.upper()} per site", path))
+        drawn = segmentation_figure(section, figs / f"segmentations_{k}.png")
+        if drawn is not None:
+            shown.append((f"{SEGMENTATIONS} {', '.join(drawn[1])}", drawn[0]))
         for i, run in enumerate(r for row in section.rows for r in row.runs):
             if run.rounds:
                 path = figs / f"run_{k}_{i}.png"
