@@ -238,3 +238,22 @@ def test_identical_configs_end_to_end_and_the_evidence_folder(tmp_path, monkeypa
         assert claims[0]["verdict"] == "unresolved" and float(claims[0]["p"]) == 1.0
     finally:
         papers.load_paper.cache_clear()
+
+
+def test_report_tests_each_row_against_the_first_on_paired_cases(runs):
+    from fedseg.reporting.compare import build_report, report_markdown
+    from fedseg.reporting.runs import load_run
+    from fedseg.reproduce.stats import case_values
+
+    report = build_report([load_run(runs[k]) for k in ("mu_small", "mu_large", "seed0")])
+    text = report_markdown(report)
+    assert "### Paired tests against prox (method.mu=0.01)" in text
+    small, large = (case_values(runs[k] / "cases.csv", "dsc") for k in ("mu_small", "mu_large"))
+    expected = paired(large, small, "x")
+    line = next(x for x in text.splitlines() if x.startswith("| prox (method.mu=0.5) | DSC |"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[3] == str(expected.pairs) == str(len(small))
+    assert cells[4] == f"{expected.median:.2f} [{expected.low:.2f}, {expected.high:.2f}]"
+    assert "reference" in next(
+        x for x in text.splitlines() if x.startswith("| prox (method.mu=0.01) | DSC |")
+    )

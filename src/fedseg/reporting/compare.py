@@ -22,6 +22,7 @@ from typing import Any
 
 from fedseg.errors import ConfigError
 from fedseg.reporting.affinity import affinity_table
+from fedseg.reporting.paired import PairedRows, paired_rows
 from fedseg.reporting.results import METRIC_LABELS, fmt
 from fedseg.reporting.runs import Run, flat_config, load_run
 
@@ -38,6 +39,7 @@ __all__ = [
     "report_markdown",
     "report_metrics",
     "run_files",
+    "section_tests",
     "seeds_text",
     "show_value",
 ]
@@ -274,6 +276,11 @@ def report_markdown(
             out.append("")
         if any(len(r.runs) > 1 for r in section.rows):
             out += ["Cells with several seeds: mean ± sample standard deviation.", ""]
+        try:
+            tests = section_tests(section, metrics)
+            out += tests.markdown() if tests else []
+        except ConfigError as e:
+            out += [f"Paired tests not computed: {e.reason}.", ""]
         for caption, path in (figures or {}).get(section.title, []):
             out += [f"![{caption}]({path})", ""]
         on_disk = [run for run in _all(section) if run.dir.is_dir()]
@@ -285,6 +292,16 @@ def report_markdown(
                 out += ["", affinity_table(run.dir)]
         out.append("")
     return "\n".join(out)
+
+
+def section_tests(section: Section, metrics: tuple[str, ...] | None) -> PairedRows | None:
+    """Each row of ``section`` against its first row on paired test cases (None for one row
+    or runs without ``cases.csv``)."""
+    return paired_rows(
+        [row.label for row in section.rows],
+        [[run.dir / "cases.csv" for run in row.runs] for row in section.rows],
+        report_metrics(section, metrics),
+    )
 
 
 def run_files(run: Run) -> list[Path]:
