@@ -257,3 +257,21 @@ def test_report_tests_each_row_against_the_first_on_paired_cases(runs):
     assert "reference" in next(
         x for x in text.splitlines() if x.startswith("| prox (method.mu=0.01) | DSC |")
     )
+
+
+def test_a_measured_budget_is_recorded_in_the_paper_file(tmp_path):
+    from fedseg.reproduce.budget import Calibration
+
+    paper = tmp_path / "toy.yaml"
+    raw = yaml.safe_load(PAPER)
+    del raw["evidence_budget"]
+    paper.write_text(yaml.safe_dump(raw, sort_keys=False))
+    table = papers._table(paper, "t", raw["tables"]["t"], ("dsc",))
+    flat = [(6, 40.0), (8, 40.5)]
+    cal = Calibration("toy", table, 2, [Attempt(8, {"A": [flat, flat]}, {"A": 1.0})], tmp_path)
+    cal.record(paper)
+    cal.record(paper)  # a second record replaces the federation's entry
+    entry = yaml.safe_load(paper.read_text())["evidence_budget"]["toyfed"]
+    assert entry["set"] == {"train.rounds": 8} and entry["status"] == "converged"
+    assert entry["gains"] == {"8": {"A": 0.5}} and entry["final_val_dsc"] == {"8": {"A": 40.5}}
+    assert yaml.safe_load(paper.read_text())["tables"] == raw["tables"]

@@ -35,7 +35,7 @@ from fedseg.reproduce.harness import (
     run_config,
     slug,
 )
-from fedseg.reproduce.papers import PaperTable, load_paper
+from fedseg.reproduce.papers import PAPERS_DIR, PaperTable, load_paper
 
 __all__ = ["CORES", "GAIN_POINTS", "TABLE_HOURS", "Attempt", "Calibration", "calibrate", "gain"]
 
@@ -180,6 +180,27 @@ class Calibration:
         ]
         return "\n".join(lines)
 
+    def record(self, paper_file: Path) -> None:
+        """Write the budget into ``paper_file``'s ``evidence_budget:`` block (kept last in the
+        file; other federations' entries stay)."""
+        lines = paper_file.read_text().splitlines()
+        start = next((i for i, x in enumerate(lines) if x.startswith("evidence_budget:")), None)
+        if start is None:
+            block: dict[str, Any] = {}
+            head = lines
+        else:
+            end = next(
+                (i for i in range(start + 1, len(lines)) if lines[i][:1] not in ("", " ", "#")),
+                len(lines),
+            )
+            if end != len(lines):
+                raise ConfigError(f"{paper_file}: evidence_budget must be the last block")
+            block = yaml.safe_load("\n".join(lines[start:end]))["evidence_budget"] or {}
+            head = lines[:start]
+        block.update(self.snippet())
+        text = yaml.safe_dump({"evidence_budget": block}, sort_keys=False, width=100)
+        paper_file.write_text("\n".join(head).rstrip("\n") + "\n" + text)
+
     def write(self) -> None:
         """budget.md, curve.csv and curve.png in the calibration folder."""
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -227,7 +248,8 @@ def calibrate(
     """Run ``table``'s control rows at the shipped rounds, then doubled, until the rule holds
     or the time cap binds; write budget.md, curve.csv and curve.png to
     ``folder`` (default ``docs/evidence/budgets/<paper>-<federation>/``) with each run's small
-    files there, which later calls reuse."""
+    files there, which later calls reuse, and record the budget in the paper file
+    (``fedseg/papers/<paper>.yaml``, ``evidence_budget``)."""
     p = load_paper(paper)
     t = p.table(table)
     if not t.controls or not t.federation:
@@ -273,4 +295,5 @@ def calibrate(
         if fits <= rounds:
             break
         rounds = min(2 * rounds, fits)
+    cal.record(PAPERS_DIR / f"{paper}.yaml")
     return cal
