@@ -161,6 +161,8 @@ def test_dp_run_is_repeatable_reports_epsilon_and_stops_at_the_target(fed_root, 
         epsilon(settings, 1),
         epsilon(settings, 2),
     ]
+    norms = [m["update_norm"] for r in rounds for m in r["clients"].values()]
+    assert len(norms) == 6 and all(n > 0 for n in norms)  # three sites, two rounds
     report = json.loads((tmp_path / "a/results.json").read_text())["privacy"]
     assert report["epsilon"] == epsilon(settings, 2) and report["rounds"] == 2
     assert report["delta"] == 1e-4 and report["clip"] == 0.5

@@ -155,12 +155,15 @@ class CentralDP(Method):
         return ServerResult(out.payloads, {**out.state, GLOBAL: first.tensors})
 
     def client_step(self, payload: Payload, state: State, ctx: ClientContext) -> ClientResult:
-        """The method's client step; its upload replaced by the clipped update."""
+        """The method's client step; its upload replaced by the clipped update. The update's
+        norm before clipping joins the step's metrics (for choosing ``clip``; the server of
+        central DP is trusted, and under secure aggregation no metric leaves the site)."""
         res = self.inner.client_step(payload, state, ctx)
         update = {k: t - payload.tensors[k] for k, t in res.upload.tensors.items()}
         clipped = clip_update(update, self.settings.clip)
+        metrics = {**res.metrics, "update_norm": update_norm(update)}
         return ClientResult(
-            Payload(clipped, num_examples=res.upload.num_examples), res.state, res.metrics
+            Payload(clipped, num_examples=res.upload.num_examples), res.state, metrics
         )
 
     def server_step(
