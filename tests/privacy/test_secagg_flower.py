@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import yaml
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.common import bytes_to_ndarray
 from flwr.common.constant import ErrorCode
@@ -174,6 +175,8 @@ def test_secagg_sum_equals_the_plain_dp_aggregate_and_the_server_sees_no_update(
         assert values.size > 5000 and (values > 2**22).mean() > 0.99
     record = json.loads((tmp_path / "secure/rounds.jsonl").read_text().splitlines()[0])
     assert record["participants"] == SITES and record["clients"] == {}
+    sizes = [sum(len(b) for b in vector) for vector in masked]
+    assert sorted(v["bytes"] for v in record["comm"]["upload"].values()) == sorted(sizes)
 
 
 def test_a_site_dropping_out_mid_round_does_not_stop_the_run(federation: Path, tmp_path: Path):
@@ -190,3 +193,24 @@ def test_secure_aggregation_is_refused_in_process(federation: Path, tmp_path: Pa
         InProcessRunner(_cfg(federation, 1, secure=True), tmp_path / "run").run()
     with pytest.raises(ConfigError, match="secure_aggregation needs mode: central"):
         parse_config({"data": {"root": "x"}, "privacy": {"secure_aggregation": {}}})
+
+
+@pytest.mark.flower
+@pytest.mark.slow
+def test_secagg_over_real_flower_processes(federation: Path, tmp_path: Path):
+    """`fedseg flower local`: a SuperLink and three SuperNodes on loopback run SecAgg+."""
+    from typer.testing import CliRunner
+
+    from fedseg.engine.flower.cli import app as flower_cli
+
+    cfg = _cfg(federation, 2, secure=True)
+    config = tmp_path / "secure.yaml"
+    config.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    run = tmp_path / "run"
+    out = CliRunner().invoke(flower_cli, ["local", str(config), "--out", str(run)])
+    assert out.exit_code == 0, out.output
+    rounds = [json.loads(x) for x in (run / "rounds.jsonl").read_text().splitlines()]
+    assert [r["participants"] for r in rounds] == [SITES, SITES]
+    assert all(r["clients"] == {} and set(r["comm"]["upload"]) == set(SITES) for r in rounds)
+    res = json.loads((run / "results.json").read_text())
+    assert res["privacy"]["rounds"] == 2 and set(res["sites"]) == set(SITES)

@@ -138,7 +138,7 @@ class RoundLoop:
                 else:
                     failures[s] = "not connected"
             if self.secure:
-                uploaded = self._secure_sum(r, sent, agg, failures)
+                uploaded = self._secure_sum(r, sent, agg, failures, comm["upload"])
             replies = () if self.secure else _in_order(self.link.train(r, sent), list(sent))
             for s, reply in replies:
                 if isinstance(reply, Failure):
@@ -181,18 +181,25 @@ class RoundLoop:
         )
 
     def _secure_sum(
-        self, r: int, sent: Mapping[str, Payload], agg: Aggregator, failures: dict[str, Failure]
+        self,
+        r: int,
+        sent: Mapping[str, Payload],
+        agg: Aggregator,
+        failures: dict[str, Failure],
+        upload: dict[str, Any],
     ) -> list[str]:
         """Secure aggregation: ``agg`` gets the sum of the updates of the sites it covers
-        (returned), never one upload; the other sites of ``sent`` are failures."""
+        (returned in site order), never one upload; the other sites of ``sent`` are
+        failures; ``upload`` gets the size of each site's masked vector."""
         assert isinstance(agg, NoisySum)  # the privacy block requires mode: central
         result = self.link.train_sum(r, sent)  # type: ignore[attr-defined]
+        upload.update(result.upload)
         for s in sent:
             if s not in result.sites:
                 failures[s] = "not in the secure sum (dropped out, or the protocol halted)"
         if result.total is not None:
             agg.add_sum(result.total)
-        return list(result.sites)
+        return [s for s in sent if s in result.sites]
 
     def evaluate(
         self, r: int, split: str = "test", periodic: bool = False

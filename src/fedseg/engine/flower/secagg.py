@@ -38,10 +38,11 @@ from flwr.common import (
     FitRes,
     Parameters,
     Status,
+    bytes_to_ndarray,
     ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
 from flwr.compat.common import recorddict_compat as compat
 from flwr.server.compat.legacy_context import LegacyContext
 from flwr.server.strategy import Strategy
@@ -99,6 +100,29 @@ class SecureSum:
 
     total: dict[str, torch.Tensor] | None
     sites: list[str]
+    upload: dict[str, dict[str, int]]
+    """Per site, the masked vector it sent: ``values`` and ``bytes``."""
+
+
+class _Metered:
+    """The Grid as the workflow uses it, counting each node's masked vector on the way."""
+
+    def __init__(self, grid: Grid) -> None:
+        self.grid = grid
+        self.upload: dict[int, dict[str, int]] = {}
+
+    def send_and_receive(self, messages: Any, *, timeout: float | None = None) -> Any:
+        replies = list(self.grid.send_and_receive(messages, timeout=timeout))
+        for msg in replies:
+            records = {} if msg.has_error() else msg.content.config_records
+            masked = records.get(RECORD_KEY_CONFIGS, {}).get(Key.MASKED_PARAMETERS)
+            if masked:
+                vectors = [bytes_to_ndarray(b) for b in masked]  # type: ignore[arg-type]
+                self.upload[msg.metadata.src_node_id] = {
+                    "values": sum(v.size for v in vectors),
+                    "bytes": sum(len(b) for b in masked),  # type: ignore[arg-type,misc]
+                }
+        return replies
 
 
 @dataclass
@@ -174,9 +198,11 @@ def secure_sum(
         clipping_range=settings.clip,
         timeout=timeout,
     )
-    workflow(grid, LegacyContext(ctx, strategy=shim))
+    metered = _Metered(grid)
+    workflow(metered, LegacyContext(ctx, strategy=shim))  # type: ignore[arg-type]
+    upload = {site_of[nid]: size for nid, size in metered.upload.items() if nid in site_of}
     if shim.mean is None:
-        return SecureSum(None, [])
+        return SecureSum(None, [], upload)
     if len(shim.mean) != len(keys):
         raise UploadError(f"secure aggregate has {len(shim.mean)} arrays, expected {len(keys)}")
     n = len(shim.nodes)
@@ -184,4 +210,4 @@ def secure_sum(
         k: torch.from_numpy(np.asarray(a, dtype=np.float64) * n)
         for k, a in zip(keys, shim.mean, strict=True)
     }
-    return SecureSum(total, [site_of[nid] for nid in shim.nodes])
+    return SecureSum(total, [site_of[nid] for nid in shim.nodes], upload)
