@@ -112,9 +112,10 @@ def test_virtual_usage_counts_rows_entropy_and_rows_shared_by_classes():
     h1 = -(0.6 * math.log2(0.6) + 0.4 * math.log2(0.4))
     assert usage["vc_entropy_c1"] == pytest.approx(h1)
     assert usage["vc_shared"] == pytest.approx(50 / 200)  # row 1: 60 of class 1 win, 50 lost
+    assert usage["vc_shared_c0"] == pytest.approx(0.5) and usage["vc_shared_c1"] == 0.0
     rare = virtual_usage(torch.tensor([[995, 5, 0, 0], [0, 0, 0, 0]]))
     assert rare["vc_rows_c0"] == 1 and "vc_rows_c1" not in rare  # < 1 %; class absent
-    assert rare["vc_shared"] == 0.0
+    assert rare["vc_shared"] == 0.0 and rare["vc_shared_c0"] == 0.0
 
 
 def test_loss_counts_labelled_pixels_per_class_and_pseudo_label_row():
@@ -146,7 +147,7 @@ def test_rounds_log_virtual_row_usage_per_class(mode):
             assert 0 <= metrics[f"vc_entropy_c{c}"] <= math.log2(metrics[f"vc_rows_c{c}"]) + 0.1
         assert 0 <= metrics["vc_shared"] <= 1
         if mode == "per_class":
-            assert metrics["vc_shared"] == 0.0
+            assert metrics["vc_shared"] == 0.0 and metrics["vc_shared_c1"] == 0.0
 
 
 def test_default_partition_keeps_virtual_rows_queries_and_modulation_on_the_site():

@@ -116,11 +116,13 @@ def virtual_usage(counts: torch.Tensor, min_share: float = 0.01) -> dict[str, fl
     """Utilisation of the virtual rows from ``C x V`` pixel counts (:func:`virtual_class_loss`).
 
     Per real class ``c`` with pixels: ``vc_rows_c<c>``, the rows holding at least
-    ``min_share`` of them, and ``vc_entropy_c<c>``, the entropy (bits) of their distribution
-    over the rows. ``vc_shared``: the share of all counted pixels whose row's majority class
-    is another class (0 when every row serves one class).
+    ``min_share`` of them; ``vc_entropy_c<c>``, the entropy (bits) of their distribution
+    over the rows; ``vc_shared_c<c>``, the share of them on rows where another class has more
+    pixels. ``vc_shared``: the same share over all counted pixels (0 when every row serves
+    one class).
     """
     counts = counts.double()
+    lost = counts.max(0).values != counts  # (class, row): another class holds the row
     out: dict[str, float] = {}
     for c, row in enumerate(counts):
         if row.sum() == 0:
@@ -128,6 +130,7 @@ def virtual_usage(counts: torch.Tensor, min_share: float = 0.01) -> dict[str, fl
         p = row / row.sum()
         out[f"vc_rows_c{c}"] = float((p >= min_share).sum())
         out[f"vc_entropy_c{c}"] = float(-(p[p > 0] * p[p > 0].log2()).sum())
+        out[f"vc_shared_c{c}"] = float(p[lost[c]].sum())
     if counts.sum() > 0:
         out["vc_shared"] = float(1 - counts.max(0).values.sum() / counts.sum())
     return out
