@@ -1,7 +1,11 @@
-"""Epsilon of DP-FedAvg rounds from dp-accounting (Google's accountant library).
+"""Epsilon of DP-FedAvg rounds from dp-accounting's Renyi-DP accountant (the one Flower wraps).
 
 Every site takes part in every round (no sampling amplification), so ``rounds`` releases of
-the Gaussian mechanism with noise multiplier ``z`` compose to one epsilon at ``delta``.
+the Gaussian mechanism with noise multiplier ``z`` compose to one epsilon at ``delta``
+(neighbouring federations: one site added or removed). dp-accounting's tighter PLD
+accountant is not offered: at the noise multipliers federations of a few sites use it needs
+seconds to minutes and gigabytes per evaluation (z = 1, 25 rounds: 23 s, 0.9 GB), about 10%
+below the RDP bound.
 """
 
 from __future__ import annotations
@@ -17,7 +21,6 @@ __all__ = ["epsilon", "privacy_report", "rounds_within_budget"]
 def _library() -> Any:
     try:
         import dp_accounting
-        import dp_accounting.pld
         import dp_accounting.rdp
     except ImportError:
         raise ConfigError(
@@ -32,8 +35,7 @@ def epsilon(settings: PrivacySettings, rounds: int) -> float:
         return 0.0
     dpa = _library()
     event = dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(settings.noise_multiplier), rounds)
-    acc = dpa.pld.PLDAccountant() if settings.accountant == "pld" else dpa.rdp.RdpAccountant()
-    return float(acc.compose(event).get_epsilon(settings.delta))
+    return float(dpa.rdp.RdpAccountant().compose(event).get_epsilon(settings.delta))
 
 
 def rounds_within_budget(settings: PrivacySettings, rounds: int) -> int:

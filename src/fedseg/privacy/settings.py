@@ -41,8 +41,6 @@ class PrivacySettings(BaseModel):
     never depends on who replied, so a dropout cannot raise the sensitivity."""
     delta: float = Field(1e-5, gt=0, lt=1)
     """The delta at which epsilon is reported."""
-    accountant: Literal["rdp", "pld"] = "rdp"
-    """dp-accounting's Renyi-DP or privacy-loss-distribution accountant."""
     target_epsilon: PositiveFloat | None = None
     """Stop training before the round whose release would take epsilon above this value."""
 
