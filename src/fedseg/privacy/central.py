@@ -65,9 +65,9 @@ def require_central_dp(name: str, cls: type[Method]) -> None:
         return
     raise ConfigError(
         f"privacy.mode central: method {name!r} is not supported: its server step "
-        f"({cls.server_step.__qualname__}) needs each site's upload or data-dependent "
-        "weights, not only a fixed-weight sum that noise can hide; supported: "
-        + ", ".join(supported_methods())
+        f"({cls.server_step.__qualname__}) is not FedAvg's weighted sum of the uploads, the "
+        "one aggregation whose noised sum this DP covers (others read each site's upload or "
+        "weigh by data); supported: " + ", ".join(supported_methods())
     )
 
 
