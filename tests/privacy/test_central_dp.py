@@ -142,7 +142,7 @@ def test_accountant_matches_the_library_round_by_round():
     assert rounds_within_budget(target, 10) == 4
 
 
-def test_dp_run_is_repeatable_reports_epsilon_and_stops_at_the_target(fed_root, tmp_path):
+def test_dp_run_is_repeatable_resumable_reports_epsilon_and_stops_at_the_target(fed_root, tmp_path):
     privacy = {"mode": "central", "clip": 0.5, "noise_multiplier": 0.8, "delta": 1e-4}
     settings = PrivacySettings(**privacy)
     runs = {}
@@ -167,6 +167,20 @@ def test_dp_run_is_repeatable_reports_epsilon_and_stops_at_the_target(fed_root, 
     report = json.loads((tmp_path / "a/results.json").read_text())["privacy"]
     assert report["epsilon"] == epsilon(settings, 2) and report["rounds"] == 2
     assert report["delta"] == 1e-4 and report["clip"] == 0.5
+
+    class Crash(Exception):
+        pass
+
+    def crash_after_round_1(record):
+        if record["round"] == 0:
+            raise Crash
+
+    with pytest.raises(Crash):  # a crashed and resumed run draws the same noise
+        InProcessRunner(_cfg(fed_root, privacy), tmp_path / "r").run(on_round=crash_after_round_1)
+    resumed = InProcessRunner(_cfg(fed_root, privacy), tmp_path / "r").run(resume=True)
+    assert resumed["sites"] == runs["a"]["sites"] and resumed["privacy"] == runs["a"]["privacy"]
+    r = model("r")
+    assert all(torch.equal(a[k], r[k]) for k in a)
 
     target = {**privacy, "target_epsilon": epsilon(settings, 2) + 1e-9}
     res = InProcessRunner(_cfg(fed_root, target, rounds=5), tmp_path / "t").run()
