@@ -15,7 +15,7 @@ from fedseg.engine.runner import InProcessRunner
 from fedseg.engine.server import ServerCore, make_method
 from fedseg.errors import ConfigError
 from fedseg.methods import Payload
-from fedseg.privacy import PrivacySettings, epsilon, rounds_within_budget
+from fedseg.privacy import PrivacySettings, epsilon, rounds_within_budget, supported_methods
 from fedseg.privacy.central import update_norm
 from fedseg.testing import synth_folder, toy_federation
 
@@ -203,3 +203,14 @@ def test_methods_that_need_individual_uploads_refuse(method, step):
         ConfigError, match=rf"privacy.mode central: method '{method}' is not supported.*{step}"
     ):
         _cfg(Path("x"), {"mode": "central"}, method=method)
+
+
+@pytest.mark.parametrize("method", supported_methods())
+def test_every_supported_method_runs_with_central_dp(fed_root, tmp_path, method):
+    """Each method the wrapper accepts completes a DP round with every site (its client step
+    under the wrapper, its private parts kept) and reports epsilon."""
+    privacy = {"mode": "central", "clip": 0.5, "noise_multiplier": 0.8}
+    res = InProcessRunner(_cfg(fed_root, privacy, method, rounds=1), tmp_path / "r").run()
+    assert res["privacy"]["epsilon"] == epsilon(PrivacySettings(**privacy), 1)
+    record = json.loads((tmp_path / "r/rounds.jsonl").read_text())
+    assert len(record["participants"]) == 3 and not record["failures"]
