@@ -84,17 +84,23 @@ class EvalSettings(_Strict):
     to ``RUN/models/<site>.pt`` with the config and label map (see docs/predict.md)."""
 
 
+_SWITCH = {"false": "off", "no": "off", "off": "off", "true": "auto", "yes": "auto", "on": "auto"}
+"""What a user may type for a switch (``engine.amp``, ``engine.channels_last``)."""
+
+
 class EngineSettings(_Strict):
     name: Literal["inprocess"] = "inprocess"
     device: str = Field("auto", pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$")
     """``auto`` (CUDA when available), ``cpu``, ``cuda``, ``cuda:N`` or ``mps``."""
     checkpoint_every: int = Field(1, ge=1)
     """Write the resumable checkpoint every N rounds (the last round always)."""
-    amp: Literal["off", "bf16", "fp16"] = "off"
+    amp: Literal["off", "auto", "bf16", "fp16"] = "off"
     """Mixed precision for training and evaluation forwards: ``bf16`` or ``fp16`` autocast
-    (``fp16`` with a gradient scaler, CUDA only; ``bf16`` also on CPU)."""
-    channels_last: bool = False
-    """Run convolutions in channels-last memory format (model and inputs; CUDA speed-up)."""
+    (``fp16`` with a gradient scaler, CUDA only; ``bf16`` also on CPU); ``auto``: ``bf16``
+    where the device computes it natively, else off. ``false``/``true`` mean off/auto."""
+    channels_last: Literal["auto"] | bool = "auto"
+    """Run convolutions in channels-last memory format (model and inputs); ``auto``: where
+    measured faster for the network (2D networks; docs/benchmarks_speed.md)."""
     threads: int = Field(0, ge=0)
     """CPU threads for torch (0: torch's default). Use 1 when other jobs share the CPU:
     oversubscribed threads slow training down many times over."""
@@ -115,6 +121,27 @@ class EngineSettings(_Strict):
     ``flower-sim`` (Flower's Ray-based simulation engine, sites in parallel), or a mapping
     with per-site resources, e.g. ``{name: flower-sim, cpus: 1, gpus: 0.25, ray_address:
     auto}`` (docs/deployment.md)."""
+
+    @field_validator("amp", mode="before")
+    @classmethod
+    def _amp_words(cls, v: object) -> object:
+        """YAML and ``--set`` read ``off``/``on`` as booleans: take them as the user means."""
+        if isinstance(v, bool):
+            return "auto" if v else "off"
+        if isinstance(v, str):
+            word = v.lower()
+            return _SWITCH.get(word, word)
+        return v
+
+    @field_validator("channels_last", mode="before")
+    @classmethod
+    def _layout_words(cls, v: object) -> object:
+        if isinstance(v, bool) or v == "auto":
+            return v
+        word = _SWITCH.get(str(v).lower())
+        if word is None:
+            raise ValueError(f"expected auto, true or false, got {v!r}")
+        return word == "auto"
 
     @field_validator("backend")
     @classmethod

@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from fedseg.config import RunConfig, dump_config
+from fedseg.engine.device import resolve_device
 from fedseg.engine.link import Failure, Link, Replies
 from fedseg.engine.results import build_results, communication_summary, validate_evaluation
 from fedseg.engine.rundir import SAFE_RESUME_CHANGES, RunDir, config_changes
@@ -30,6 +31,7 @@ from fedseg.engine.worker import EvalReply, TrainReply
 from fedseg.errors import ConfigError, FedsegError, UploadError
 from fedseg.methods import FederationSpec
 from fedseg.methods.base import Aggregator, Payload, payload_size
+from fedseg.methods.training import Precision
 from fedseg.privacy import privacy_report, rounds_within_budget
 from fedseg.privacy.central import NoisySum
 from fedseg.tracking import round_listener
@@ -419,6 +421,10 @@ class Federation:
             participation=_participation(loop.server.spec.site_names, rounds),
             eval_failures=failures,
         )
+        used = Precision(cfg.engine.amp, cfg.engine.channels_last).resolve(
+            loop.server.method.model_cfg, self.spec.ndim, resolve_device(cfg.engine.device)
+        )
+        results["precision"] = {"amp": used.amp, "channels_last": used.channels_last}
         if cfg.privacy.enabled:
             results["privacy"] = privacy_report(cfg.privacy, len(rounds))
         self.dir.write_results(results)

@@ -146,9 +146,11 @@ class SiteWorker:
         precision: Precision | None = None,
     ) -> None:
         self.method, self.data, self.train_cfg = method, data, train
-        self.precision = precision or Precision()
+        self.precision = (precision or Precision()).resolve(
+            method.model_cfg, method.spec.ndim, device
+        )
         """Autocast and memory format of this site's forwards (``engine.amp``,
-        ``engine.channels_last``)."""
+        ``engine.channels_last``, ``auto`` resolved for the network and device)."""
         self.seed, self.device, self.model, self.store = seed, device, model, store
         self.regions, self.eval_batch_size = dict(regions), eval_batch_size
         self.download = download if download is not None else method.download_template(model)

@@ -6,6 +6,8 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
 import torch
@@ -14,8 +16,10 @@ from torch import nn
 from fedseg.errors import ConfigError
 from fedseg.losses import DiceBCELoss, PartialCrossEntropy, SoftDiceLoss
 from fedseg.methods.base import ClientContext
+from fedseg.models import ModelConfig
 
 __all__ = [
+    "Amp",
     "AuxiliaryLoss",
     "LossFn",
     "Precision",
@@ -25,10 +29,12 @@ __all__ = [
     "auxiliary_modules",
     "backward_step",
     "channels_last_model",
+    "cpu_flags",
     "current_precision",
     "grad_scaler",
     "make_optimizer",
     "memory_format",
+    "native_bf16",
     "precision",
     "restore_optimizer_state",
     "save_optimizer_state",
@@ -39,13 +45,54 @@ __all__ = [
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+Amp = Literal["off", "auto", "bf16", "fp16"]
+"""``engine.amp``: ``auto`` is bf16 where the device computes it natively, else off."""
+
+
 @dataclass(frozen=True)
 class Precision:
     """How forwards run: ``amp`` autocast dtype and channels-last memory format
-    (``engine.amp`` and ``engine.channels_last``)."""
+    (``engine.amp`` and ``engine.channels_last``; ``auto`` values until :meth:`resolve`)."""
 
-    amp: Literal["off", "bf16", "fp16"] = "off"
-    channels_last: bool = False
+    amp: Amp = "off"
+    channels_last: bool | Literal["auto"] = False
+
+    def resolve(self, model: ModelConfig, ndim: int, device: torch.device) -> Precision:
+        """The concrete precision for ``model`` (``ndim``-D) on ``device``: ``amp: auto`` is
+        ``bf16`` where :func:`native_bf16`, else ``off``; ``channels_last: auto`` is the
+        network's :meth:`~fedseg.models.ModelConfig.channels_last_faster`."""
+        amp = self.amp
+        if amp == "auto":
+            amp = "bf16" if native_bf16(device) else "off"
+        cl = self.channels_last
+        if cl == "auto":
+            cl = model.channels_last_faster(ndim)
+        return Precision(amp, bool(cl))
+
+
+@cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU feature flags the kernel reports (``/proc/cpuinfo``; empty elsewhere)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    return frozenset(
+        flag
+        for line in text.splitlines()
+        if line.startswith("flags")
+        for flag in line.split(":", 1)[1].split()
+    )
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` computes bfloat16 natively: a CPU with ``avx512_bf16`` or
+    ``amx_bf16`` (read at run time), a CUDA device that supports bf16."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+    return False
 
 
 _PRECISION: ContextVar[Precision | None] = ContextVar("fedseg_precision", default=None)
@@ -56,10 +103,13 @@ def precision(
     amp: Literal["off", "bf16", "fp16"] = "off", channels_last: bool = False
 ) -> Iterator[Precision]:
     """Within this block :func:`train_steps` and :func:`fedseg.evaluation.predict` run with
-    this precision; the engine enters it from ``engine.amp``/``engine.channels_last``."""
+    this precision; the engine enters it from ``engine.amp``/``engine.channels_last``
+    (``auto`` values resolved by :meth:`Precision.resolve`)."""
     if amp not in ("off", "bf16", "fp16"):
-        raise ConfigError(f"engine.amp must be one of off, bf16, fp16, got {amp!r}")
-    token = _PRECISION.set(Precision(amp, bool(channels_last)))
+        raise ConfigError(f"engine.amp must be one of off, bf16, fp16 here, got {amp!r}")
+    if not isinstance(channels_last, bool):
+        raise ConfigError(f"engine.channels_last must be true or false here, got {channels_last!r}")
+    token = _PRECISION.set(Precision(amp, channels_last))
     try:
         yield current_precision()
     finally:
@@ -98,20 +148,27 @@ def memory_format(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous(memory_format=fmt)
 
 
+_CONVS = (nn.Conv2d, nn.Conv3d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+
+
 @contextmanager
 def channels_last_model(model: nn.Module) -> Iterator[nn.Module]:
-    """``model``'s 2D (or 3D) convolution weights in channels-last format while the current
-    precision asks, back to the contiguous format afterwards (payloads and checkpoints keep
-    plain layouts)."""
-    dims = max((p.dim() for p in model.parameters()), default=0)
-    if not current_precision().channels_last or dims not in (4, 5):
+    """``model``'s convolution weights in channels-last (3D: channels-last-3d) format while
+    the current precision asks, back to the contiguous format afterwards (payloads and
+    checkpoints keep plain layouts). Other parameters (e.g. IOP-FL's expert kernels, mixed
+    per sample) keep their layout."""
+    weights = [m.weight for m in model.modules() if isinstance(m, _CONVS)]
+    if not current_precision().channels_last or not weights:
         yield model
         return
-    model.to(memory_format=torch.channels_last if dims == 4 else torch.channels_last_3d)
+    for w in weights:
+        fmt = torch.channels_last if w.dim() == 4 else torch.channels_last_3d
+        w.data = w.data.contiguous(memory_format=fmt)
     try:
         yield model
     finally:
-        model.to(memory_format=torch.contiguous_format)
+        for w in weights:
+            w.data = w.data.contiguous()
 
 
 def grad_scaler(device: torch.device) -> torch.amp.GradScaler | None:

@@ -32,6 +32,12 @@ class ModelConfig(BaseModel):
         """The network for a task with ``in_channels`` inputs and ``num_classes`` outputs."""
         raise NotImplementedError
 
+    def channels_last_faster(self, ndim: int) -> bool:
+        """Whether ``engine.channels_last: auto`` puts this network in channels-last layout:
+        2D networks train faster in it on CPU (docs/benchmarks_speed.md); 3D networks stay
+        contiguous (docs/config.md, issue 29). A network measured otherwise overrides this."""
+        return ndim == 2
+
 
 MODELS: Registry[type[ModelConfig]] = Registry("model")
 register_model = MODELS.register
