@@ -10,8 +10,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.logging import RichHandler
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from fedseg.console import console, err, fail
@@ -27,39 +25,13 @@ app = typer.Typer(
 def _mount_subapps() -> None:
     from fedseg.configs_cli import app as configs_app
     from fedseg.data.cli import app as data_app
+    from fedseg.demo import demo
     from fedseg.engine.flower.cli import app as flower_app
 
     app.add_typer(data_app, name="data", help="Create, import, check and preview federations.")
     app.add_typer(flower_app, name="flower", help="Run a real federation on Flower.")
     app.add_typer(configs_app, name="configs", help="List, show and copy shipped configs.")
-
-
-def _logging(run_dir: Path | None, verbose: bool) -> None:
-    rich_handler = RichHandler(console=err, show_path=False, show_time=False)
-    rich_handler.setFormatter(logging.Formatter("%(message)s"))
-    handlers: list[logging.Handler] = [rich_handler]
-    if run_dir is not None:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        fh = logging.FileHandler(run_dir / "run.log")
-        fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        handlers.append(fh)
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO, handlers=handlers, force=True
-    )
-
-
-def _save_models(run_dir: Path) -> None:
-    """Export the run's evaluation models into ``RUN/models`` (a failure is reported, the
-    finished run stays)."""
-    from fedseg.export import export_run
-    from fedseg.inference import RunModels
-
-    try:
-        written = export_run(RunModels(run_dir), run_dir / "models")
-    except FedsegError as e:
-        logging.getLogger("fedseg").warning("models not exported: %s", e.reason)
-        return
-    logging.getLogger("fedseg").info("exported %d models to %s", len(written), run_dir / "models")
+    app.command()(demo)
 
 
 @app.command()
@@ -92,10 +64,8 @@ def run(
 ) -> None:
     """Train and evaluate one method; write a run directory with results."""
     from fedseg.config import load_config
-    from fedseg.engine.rundir import RunDir
-    from fedseg.engine.runner import InProcessRunner
     from fedseg.errors import ConfigError
-    from fedseg.outputs import write_run_outputs
+    from fedseg.run_cli import print_results, train
 
     try:
         if resume is not None:
@@ -118,55 +88,12 @@ def run(
             cfg = cfg.model_copy(
                 update={"engine": cfg.engine.model_copy(update={"backend": backend})}
             )
-        rd = RunDir(run_dir)
-        with rd.lock():
-            if resume is None:
-                rd.prepare_new(overwrite)
-            _logging(run_dir, verbose)
-            with Progress(
-                TextColumn("[bold]{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=err,
-                transient=True,
-            ) as bar:
-                task = bar.add_task(f"{cfg.method_name} rounds", total=cfg.train.rounds)
-                runner = InProcessRunner(cfg, run_dir)
-                results = runner.run(
-                    resume=resume is not None,
-                    on_round=lambda rec: bar.update(task, completed=rec["round"] + 1),
-                )
-            write_run_outputs(run_dir, results)
-            if cfg.eval.save_models:
-                _save_models(run_dir)
+        results = train(
+            cfg, run_dir, resume=resume is not None, overwrite=overwrite, verbose=verbose
+        )
     except FedsegError as e:
         fail(e)
-    console.print(_results_table(results))
-    p = results["params"]
-    console.print(
-        f"params: total {p['total']:,}, upload {p['upload']:,}, download {p['download']:,}  |  "
-        f"all metrics: {runner.dir.results_md}"
-    )
-
-
-def _results_table(results: dict) -> Table:
-    """DSC (%) and HD95 per site and region, as in the papers' tables."""
-    from fedseg.reporting.results import fmt
-
-    regions = list(results["average"]["dsc"])
-    table = Table(title=f"{results['method']} ({results['labels']} labels)")
-    table.add_column("site")
-    table.add_column("n", justify="right")
-    for m in ("DSC", "HD95"):
-        for r in regions:
-            table.add_column(f"{m} {r}", justify="right")
-    rows = [(s, str(results["cases"][s]), v) for s, v in results["sites"].items()]
-    rows.append(("Average", "", results["average"]))
-    for name, n, v in rows:
-        cells = [fmt(v[m][r], m) for m in ("dsc", "hd95") for r in regions]
-        table.add_row(name, n, *cells, style="bold" if name == "Average" else None)
-    return table
+    print_results(results, run_dir)
 
 
 @app.command()

@@ -1,0 +1,125 @@
+"""What ``fedseg run`` and ``fedseg demo`` share: train one config into a run directory
+under a progress bar, then write its table, figures and models, and show its results."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from rich.logging import RichHandler
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from fedseg.config import RunConfig
+from fedseg.console import console, err
+from fedseg.errors import FedsegError
+
+__all__ = ["print_results", "results_table", "train"]
+
+
+def _logging(run_dir: Path, verbose: bool, quiet: bool) -> None:
+    """Log into ``run_dir/run.log`` and to the terminal (warnings only when ``quiet``)."""
+    rich_handler = RichHandler(console=err, show_path=False, show_time=False)
+    rich_handler.setFormatter(logging.Formatter("%(message)s"))
+    if quiet and not verbose:
+        rich_handler.setLevel(logging.WARNING)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fh = logging.FileHandler(run_dir / "run.log")
+    fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        handlers=[rich_handler, fh],
+        force=True,
+    )
+
+
+def _save_models(run_dir: Path) -> None:
+    """Export the run's evaluation models into ``RUN/models`` (a failure is reported, the
+    finished run stays)."""
+    from fedseg.export import export_run
+    from fedseg.inference import RunModels
+
+    try:
+        written = export_run(RunModels(run_dir), run_dir / "models")
+    except FedsegError as e:
+        logging.getLogger("fedseg").warning("models not exported: %s", e.reason)
+        return
+    logging.getLogger("fedseg").info("exported %d models to %s", len(written), run_dir / "models")
+
+
+def train(
+    cfg: RunConfig,
+    run_dir: Path,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    verbose: bool = False,
+    quiet: bool = False,
+    label: str | None = None,
+) -> dict[str, Any]:
+    """Run ``cfg`` into ``run_dir`` (a new run, or continue it with ``resume``) under a
+    progress bar labelled ``label`` (default: the method); write ``results.md``, the figures
+    and (``eval.save_models``) ``models/``; return ``results.json``'s content. ``quiet``
+    shows only warnings in the terminal (``run.log`` has everything)."""
+    from fedseg.engine.rundir import RunDir
+    from fedseg.engine.runner import InProcessRunner
+    from fedseg.outputs import write_run_outputs
+
+    rd = RunDir(run_dir)
+    with rd.lock():
+        if not resume:
+            rd.prepare_new(overwrite)
+        _logging(run_dir, verbose, quiet)
+        with Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=err,
+            transient=True,
+        ) as bar:
+            task = bar.add_task(f"{label or cfg.method_name} rounds", total=cfg.train.rounds)
+            results = InProcessRunner(cfg, run_dir).run(
+                resume=resume,
+                on_round=lambda rec: bar.update(task, completed=rec["round"] + 1),
+            )
+        write_run_outputs(run_dir, results)
+        if cfg.eval.save_models:
+            _save_models(run_dir)
+    return results
+
+
+def results_table(results: dict[str, Any]) -> Table:
+    """DSC (%) and HD95 per site and region, as in the papers' tables."""
+    from fedseg.reporting.results import fmt
+
+    regions = list(results["average"]["dsc"])
+    table = Table(title=f"{results['method']} ({results['labels']} labels)")
+    table.add_column("site")
+    table.add_column("n", justify="right")
+    for m in ("DSC", "HD95"):
+        for r in regions:
+            table.add_column(f"{m} {r}", justify="right")
+    rows = [(s, str(results["cases"][s]), v) for s, v in results["sites"].items()]
+    rows.append(("Average", "", results["average"]))
+    for name, n, v in rows:
+        cells = [fmt(v[m][r], m) for m in ("dsc", "hd95") for r in regions]
+        table.add_row(name, n, *cells, style="bold" if name == "Average" else None)
+    return table
+
+
+def print_results(results: dict[str, Any], run_dir: Path) -> None:
+    """The per-site table, the parameter counts and where the run's files are."""
+    p = results["params"]
+    console.print(results_table(results))
+    console.print(
+        f"params: total {p['total']:,}, upload {p['upload']:,}, download {p['download']:,}",
+        highlight=False,
+    )
+    console.print(
+        f"all metrics: {Path(run_dir) / 'results.md'} (per case: cases.csv; figures, models/ "
+        "and the config beside it)",
+        highlight=False,
+        soft_wrap=True,
+    )
