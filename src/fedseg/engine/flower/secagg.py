@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,9 +68,15 @@ def is_secure(msg: Message) -> bool:
 
 
 # -- site -----------------------------------------------------------------------------------
-def secure_train(msg: Message, context: Context, handler: Any, configs: tuple[Any, Any]) -> Message:
-    """Answer a SecAgg+ stage: ``handler`` (the fedseg training handler) runs at the stage
-    that carries the FitIns; the mod masks what it returns."""
+def secure_train(
+    msg: Message,
+    context: Context,
+    handler: Callable[[RecordDict, Mapping[str, Any], Mapping[str, Any]], RecordDict],
+    configs: tuple[Mapping[str, Any], Mapping[str, Any]],
+) -> Message:
+    """Answer a SecAgg+ stage: ``handler`` (the fedseg training handler, called with the
+    node and run ``configs``) runs at the stage that carries the FitIns; the mod masks what
+    it returns."""
 
     def fit(inner: Message, _: Context) -> Message:
         ins = compat.recorddict_to_fitins(inner.content, keep_input=True)
@@ -81,6 +87,8 @@ def secure_train(msg: Message, context: Context, handler: Any, configs: tuple[An
         reply = handler(content(meta, payload=Payload(tensors)), *configs)
         upload = read_payload(reply)
         w = float(ins.config[WEIGHT])
+        if not 0 < w <= 1:
+            raise UploadError(f"secure aggregation: a site's weight must be in (0, 1], got {w}")
         floats = [
             (t.double() * w).numpy()
             for _, t in sorted(upload.tensors.items())
