@@ -22,7 +22,6 @@ def argmax_segment(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
     return model(images).argmax(1)
 
 
-@torch.no_grad()
 def predict(
     model: nn.Module,
     images: torch.Tensor,
@@ -31,9 +30,11 @@ def predict(
     segment: Segmenter = argmax_segment,
 ) -> torch.Tensor:
     """Label maps of ``images`` [N,C,*S] computed in batches (eval mode), under the current
-    :func:`~fedseg.methods.training.precision` (``engine.amp``, ``engine.channels_last``)."""
+    :func:`~fedseg.methods.training.precision` (``engine.amp``, ``engine.channels_last``)
+    and ``torch.inference_mode`` (entered inside the layout change, so that the weights the
+    layout change writes back stay ordinary tensors that training can use)."""
     model.eval()
-    with channels_last_model(model), autocast(device):
+    with channels_last_model(model), autocast(device), torch.inference_mode():
         preds = [
             segment(model, memory_format(images[i : i + batch_size].to(device))).cpu()
             for i in range(0, len(images), batch_size)

@@ -12,6 +12,7 @@ from fedseg.config import apply_overrides, parse_config
 from fedseg.engine.rundir import RunDir
 from fedseg.engine.runner import InProcessRunner
 from fedseg.errors import ConfigError
+from fedseg.evaluation import predict
 from fedseg.methods.training import Precision
 from fedseg.models import parse_model
 
@@ -63,6 +64,8 @@ def test_auto_resolves_from_the_cpu_flags_and_the_network(monkeypatch):
     assert Precision("auto", "auto").resolve(unet, 3, CPU) == Precision("bf16", False)
     assert Precision("off", True).resolve(unet, 3, CPU) == Precision("off", True)  # explicit
     assert Precision("auto", False).resolve(unet, 2, torch.device("mps")).amp == "off"
+    pvt = parse_model({"name": "pvtv2_fpn"})  # measured no faster in channels-last
+    assert Precision("off", "auto").resolve(pvt, 2, CPU) == Precision("off", False)
     with pytest.raises(ConfigError, match=r"engine\.amp"), training.precision("auto"):  # type: ignore[arg-type]
         pass
 
@@ -122,3 +125,19 @@ def test_3d_unet_trains_finite_under_bf16_and_channels_last(tmp_path, monkeypatc
     weights = [t for t in _tensors(server) if t.is_floating_point()]
     assert weights and all(torch.isfinite(t).all() for t in weights)
     assert res["precision"] == {"amp": "bf16", "channels_last": True}
+
+
+def test_prediction_in_inference_mode_leaves_a_trainable_model():
+    net = parse_model({"name": "unet", "widths": [8, 16], "dropout": [0, 0]}).build(1, 2, 2)
+    x = torch.randn(2, 1, 32, 32)
+    modes: list[bool] = []
+    net.register_forward_hook(lambda *_: modes.append(torch.is_inference_mode_enabled()))
+    with training.precision("bf16", channels_last=True):
+        labels = predict(net, x, 2, CPU)
+    assert modes == [True] and labels.shape == (2, 32, 32)
+    assert not any(p.is_inference() for p in net.parameters())
+    assert all(p.is_contiguous() for p in net.parameters())
+    net.train()
+    net(x).sum().backward()  # an inference tensor among the weights would refuse this
+    assert modes == [True, False]
+    assert all(p.grad is not None for p in net.parameters())

@@ -262,6 +262,11 @@ class PVTv2FPNConfig(ModelConfig):
     dropout: NonNegativeFloat = Field(0.2, lt=1)
     weights: Path | None = None
 
+    def channels_last_faster(self, ndim: int) -> bool:
+        """No: on CPU a training step takes as long in channels-last and evaluation longer
+        (docs/benchmarks_speed.md)."""
+        return False
+
     def build(
         self, in_channels: int, num_classes: int, ndim: int, *, paa: bool = False
     ) -> PVTv2FPN:
