@@ -119,9 +119,9 @@ def test_contrastive_loss_is_lower_when_features_align_with_their_own_class_cent
     # consistency: zero at the mean of the class's centres, positive elsewhere
     mean = centres[1:].mean(0).expand(4, 16)
     assert consistency_loss(mean, centres[1:]) == 0
-    # Eq. 16 sums the squared difference over the 16 dimensions; the code's MSE averages it
-    assert consistency_loss(mean + 1, centres[1:]) == pytest.approx(16.0)
-    assert consistency_loss(mean + 1, centres[1:], "mse") == pytest.approx(1.0)
+    # the code's MSE averages the squared difference over the 16 dimensions; Eq. 16 sums it
+    assert consistency_loss(mean + 1, centres[1:]) == pytest.approx(1.0)
+    assert consistency_loss(mean + 1, centres[1:], "sum") == pytest.approx(16.0)
 
 
 @pytest.mark.parametrize("tau", [0.005, 0.8])
@@ -157,14 +157,15 @@ def test_default_l_contra_trains_at_the_nuclei_temperature():
     contra, consis = method.mp_terms(emb, labels, cents, ctx)
     grads = torch.autograd.grad(contra, list(emb.values()))
     assert all(g.norm() > 0 for g in grads)
-    # L_consis: Eq. 16 sums the two branches' squared distances (over the 6 dimensions)
+    # L_consis: the code's MSE averaged over the two branches; Eq. 16 (consis_form: sum)
+    # sums the squared distances over the 6 dimensions and over the branches
     per_branch = []
     for b, f in emb.items():
         fg = f.detach().movedim(1, -1)[labels == 1]
-        per_branch.append(consistency_loss(fg, cents[b][0][1:]))
-    torch.testing.assert_close(consis, sum(per_branch))
-    mse = FedBCS(FedBCS.Config(tau=0.005, consis_form="mse"), method.spec)
-    torch.testing.assert_close(mse.mp_terms(emb, labels, cents, ctx)[1], sum(per_branch) / 6 / 2)
+        per_branch.append(consistency_loss(fg, cents[b][0][1:], "sum"))
+    torch.testing.assert_close(consis, sum(per_branch) / 6 / 2)
+    eq16 = FedBCS(FedBCS.Config(tau=0.005, consis_form="sum"), method.spec)
+    torch.testing.assert_close(eq16.mp_terms(emb, labels, cents, ctx)[1], sum(per_branch))
 
 
 def test_gap_gate_pre_activations_are_order_one_at_any_resolution():

@@ -9,9 +9,9 @@
 * Each site uploads per-class prototypes of both branches (mean of per-batch class means
   over the last local epoch, pre-step features); the server clusters each class's client
   prototypes with FINCH and sends back all cluster centres.
-* Local loss on foreground pixels: Dice+CE + L_contra (InfoNCE over the cluster centres,
-  temperature ``tau``, mean over branches) + L_consis (squared distance to the class's mean
-  centre, summed over dimensions and branches as Eq. 16).
+* Local loss on foreground pixels: Dice+CE + mean over branches of L_contra (InfoNCE over
+  the cluster centres, temperature ``tau``, exact by log-sum-exp) + L_consis (MSE to the
+  class's mean centre, as the code; ``consis_form: sum`` is Eq. 16's unnormalised sum).
 * Weights: sample-count-weighted FedAvg of everything (the paper's supplement, Eq. 27).
 
 Reference: Zhao et al., "Divide, Conquer and Unite: Hierarchical Style-Recalibrated Prototype
@@ -168,12 +168,12 @@ ConsisForm = Literal["sum", "mse"]
 
 
 def consistency_loss(
-    features: torch.Tensor, centres: torch.Tensor, form: ConsisForm = "sum"
+    features: torch.Tensor, centres: torch.Tensor, form: ConsisForm = "mse"
 ) -> torch.Tensor:
-    """Eq. 16 for one branch: the squared distance between ``features`` ``[N, D]`` and the
-    mean of the class's cluster centres ``[M_c, D]`` (Eq. 14), summed over the D dimensions
-    and averaged over the N pixels (``sum``, the paper); ``mse`` averages over N x D as the
-    authors' code does (``nn.MSELoss``, D times smaller)."""
+    """Eq. 16 for one branch: the squared difference between ``features`` ``[N, D]`` and the
+    mean of the class's cluster centres ``[M_c, D]`` (Eq. 14), averaged over N x D as the
+    authors' code does (``mse``, ``nn.MSELoss``) or summed over the D dimensions and averaged
+    over the N pixels as Eq. 16 is printed (``sum``, D times larger)."""
     diff = (features - centres.mean(0)).pow(2)
     return diff.mean() if form == "mse" else diff.sum(1).mean()
 
@@ -214,10 +214,11 @@ class FedBCS(Method):
         """L_contra with the authors' caps (logits <= 20, exponentials <= 1e6): at
         ``tau = 0.005`` every centre whose cosine exceeds ~0.069 then passes no gradient
         (the term is constant once all do). Default: the exact InfoNCE by log-sum-exp."""
-        consis_form: ConsisForm = "sum"
-        """L_consis: Eq. 16 (``sum``: squared distance summed over the embedding dimensions
-        and over the two branches) or the code's ``mse`` (mean over dimensions, branches
-        averaged; 768 x 2 times smaller on HarmoFL's UNet)."""
+        consis_form: ConsisForm = "mse"
+        """L_consis scale: the code's ``mse`` (mean over the embedding dimensions, branches
+        averaged), under which the paper's numbers were produced, or Eq. 16 as printed
+        (``sum`` over dimensions and over the two branches; 768 x 2 times larger on HarmoFL's
+        UNet, it swamps the segmentation loss: docs/methods/fedbcs.md)."""
         pull: Literal["foreground", "all"] = "foreground"
         """Pixels that carry L_MP: foreground classes only (code; background prototypes are
         negatives only) or every class."""
@@ -372,11 +373,11 @@ class FedBCS(Method):
         ctx: ClientContext,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(L_contra, L_consis)`` of one batch: per branch the mean over the pulled classes
-        present in the batch that have centres; L_contra is averaged over the branches,
-        L_consis summed (Eq. 16; averaged with ``consis_form: mse``, as the code). Both are 0
-        without centres, e.g. in round 1."""
+        present in the batch that have centres, then averaged over the branches (L_consis
+        summed over them with ``consis_form: sum``, as Eq. 16). Both are 0 without centres,
+        e.g. in round 1."""
         cfg, spec = self.config, ctx.spec
-        consis_div = len(centres) if cfg.consis_form == "mse" else 1
+        consis_div = 1 if cfg.consis_form == "sum" else len(centres)
         zero = next(iter(embeddings.values())).new_zeros(())
         contra, consis = zero, zero
         for b, (cents, cls) in centres.items():
