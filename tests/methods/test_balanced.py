@@ -39,12 +39,8 @@ def _protos() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 LOSSES = {
     "fpl L_xi + L_cu": lambda f, y, b: sum(fpl_losses(f, y, *_protos()[:2], 2, 0.02, b)),
     "fedproto MSE": lambda f, y, b: prototype_mse(f, y, _protos()[0][:2], _protos()[2], b),
-    "fedplvm alpha-InfoNCE": lambda f, y, b: prototype_infonce(
-        f, y, *_protos()[:2], 0.07, 0.25, b
-    ),
-    "fedplvm correction": lambda f, y, b: correction_loss(
-        f, y, _protos()[0][:2], _protos()[2], b
-    ),
+    "fedplvm alpha-InfoNCE": lambda f, y, b: prototype_infonce(f, y, *_protos()[:2], 0.07, 0.25, b),
+    "fedplvm correction": lambda f, y, b: correction_loss(f, y, _protos()[0][:2], _protos()[2], b),
     "fedcontrast InfoNCE": lambda f, y, b: prototype_infonce(f, y, *_protos()[:2], 0.1, 1.0, b),
     "feduv variance": lambda f, y, b: variance_loss(f[:, :2], pixel_weights(y, b)),
     "feduv uniformity": lambda f, y, b: uniformity_loss(f, pixel_weights(y, b)),
