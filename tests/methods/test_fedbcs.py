@@ -219,6 +219,13 @@ def test_prototype_loss_pulls_foreground_pixels_only_and_vanishes_without_centre
     )
     every = FedBCS(FedBCS.Config(tau=0.4, pull="all"), method.spec)
     assert every.mp_terms(moved, labels, {"enc": cents}, ctx)[1] != consis
+    # max_pixels: a cap above the 18 foreground pixels changes nothing, a binding one does
+    loose = FedBCS(FedBCS.Config(tau=0.4, max_pixels=18), method.spec)
+    torch.testing.assert_close(
+        torch.stack(loose.mp_terms(emb, labels, {"enc": cents}, ctx)), torch.stack([contra, consis])
+    )
+    tight = FedBCS(FedBCS.Config(tau=0.4, max_pixels=3), method.spec)
+    assert tight.mp_terms(emb, labels, {"enc": cents}, ctx)[1] != consis
 
 
 def test_table3_prototype_counts_and_communication():

@@ -31,6 +31,7 @@ from torch import nn
 
 from fedseg.errors import ConfigError
 from fedseg.methods.aggregate import weighted_average
+from fedseg.methods.balanced import sample_pixels
 from fedseg.methods.base import (
     ClientContext,
     ClientResult,
@@ -51,7 +52,6 @@ from fedseg.methods.prototypes import (
     prototype_spec,
     prototype_tensors,
     read_prototypes,
-    resize_labels,
 )
 from fedseg.methods.registry import register_method
 from fedseg.methods.training import segmentation_loss, train_steps
@@ -383,9 +383,9 @@ class FedBCS(Method):
         for b, (cents, cls) in centres.items():
             if len(cents) == 0:
                 continue
-            f = embeddings[b]
-            y = resize_labels(labels, tuple(f.shape[2:])).flatten()
-            f = f.flatten(2).transpose(1, 2).reshape(-1, f.shape[1])
+            emb = embeddings[b]
+            cap = cfg.max_pixels or emb[:, 0].numel()
+            f, y = sample_pixels(emb, labels, spec.num_classes, cap, ctx.generator)
             first = 1 if cfg.pull == "foreground" else 0
             classes = [c for c in range(first, spec.num_classes) if (cls == c).any()]
             terms = []
@@ -393,9 +393,6 @@ class FedBCS(Method):
                 fc = f[y == c]
                 if len(fc) == 0:
                     continue
-                if cfg.max_pixels is not None and len(fc) > cfg.max_pixels:
-                    pick = torch.randperm(len(fc), generator=ctx.generator)[: cfg.max_pixels]
-                    fc = fc[pick.to(fc.device)]
                 pos = cls == c
                 terms.append(
                     (
