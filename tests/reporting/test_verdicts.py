@@ -13,11 +13,11 @@ import pytest
 import yaml
 
 from fedseg.errors import ConfigError
+from fedseg.reporting.stats import holm, paired
 from fedseg.reproduce import papers
 from fedseg.reproduce.budget import Attempt, gain
 from fedseg.reproduce.harness import reproduce
 from fedseg.reproduce.papers import Claim, PaperRow, PaperTable
-from fedseg.reproduce.stats import holm, paired
 from fedseg.reproduce.verdicts import RowRuns, analyse
 
 CASES = [(site, f"{site}{i}") for site in ("A", "B") for i in range(8)]
@@ -243,7 +243,7 @@ def test_identical_configs_end_to_end_and_the_evidence_folder(tmp_path, monkeypa
 def test_report_tests_each_row_against_the_first_on_paired_cases(runs):
     from fedseg.reporting.compare import build_report, report_markdown
     from fedseg.reporting.runs import load_run
-    from fedseg.reproduce.stats import case_values
+    from fedseg.reporting.stats import case_values
 
     report = build_report([load_run(runs[k]) for k in ("mu_small", "mu_large", "seed0")])
     text = report_markdown(report)

@@ -14,9 +14,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from fedseg.reporting.stats import (
+    Comparison,
+    SeedSummary,
+    case_values,
+    holm,
+    paired,
+    seed_mean,
+    seed_summary,
+)
 from fedseg.reporting.strip import strip_figure
-from fedseg.reproduce.stats import SeedSummary, case_values, holm, paired, seed_mean, seed_summary
-from fedseg.reproduce.verdicts import Comparison
 
 __all__ = ["PairedRows", "paired_rows"]
 

@@ -8,13 +8,10 @@ import io
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from fedseg.reproduce.stats import ALPHA
-from fedseg.reproduce.verdicts import Comparison
-
-if TYPE_CHECKING:
-    from fedseg.reproduce.harness import Reproduction
+from fedseg.reporting.stats import ALPHA, Comparison
+from fedseg.reproduce.rows import Reproduction
 
 __all__ = ["render_claims_csv", "render_csv", "render_markdown", "write_index", "write_table"]
 

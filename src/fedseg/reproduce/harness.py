@@ -17,24 +17,22 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import re
 import shutil
-import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from fedseg.config import RunConfig, apply_overrides, dump_config, parse_config
+from fedseg.config import RunConfig, apply_overrides, parse_config
 from fedseg.configs import resolve_config
 from fedseg.errors import ConfigError
 from fedseg.reproduce.evidence import write_index, write_table
 from fedseg.reproduce.papers import Paper, PaperRow, PaperTable, load_paper
-from fedseg.reproduce.verdicts import RowRuns, TableAnalysis, analyse
+from fedseg.reproduce.rows import Reproduction, RowResult
+from fedseg.reproduce.verdicts import analyse
 
 __all__ = [
     "BUDGETS",
@@ -107,10 +105,31 @@ def apply_budget(
     return raw
 
 
+RESULT_NEUTRAL_ENGINE = (
+    "device",
+    "checkpoint_every",
+    "channels_last",
+    "threads",
+    "workers",
+    "site_states",
+    "backend",
+)
+"""Engine settings that do not change a run's numbers beyond float rounding (the engines and
+memory layouts give the same results, docs/config.md); ``engine.amp`` does change them."""
+
+
+def _comparable(cfg: RunConfig) -> dict[str, Any]:
+    d = cfg.model_dump(mode="json")
+    for key in RESULT_NEUTRAL_ENGINE:
+        d["engine"].pop(key, None)
+    return d
+
+
 def finished_run(run_dir: Path, cfg: RunConfig) -> bool:
     """Whether ``run_dir`` holds a finished run of ``cfg``: its results, cases and a config
     that resolves to the same settings (a setting added since, at its default, still
-    matches; a changed default does not)."""
+    matches; a changed default does not; engine settings that leave the numbers unchanged,
+    :data:`RESULT_NEUTRAL_ENGINE`, are not compared)."""
     done = run_dir / "config.yaml"
     if not all((run_dir / f).is_file() for f in ("config.yaml", "results.json", "cases.csv")):
         return False
@@ -118,7 +137,7 @@ def finished_run(run_dir: Path, cfg: RunConfig) -> bool:
         stored = parse_config(yaml.safe_load(done.read_text()) or {}, str(done))
     except (ConfigError, yaml.YAMLError):
         return False
-    return dump_config(stored) == dump_config(cfg)
+    return _comparable(stored) == _comparable(cfg)
 
 
 def run_config(raw: dict[str, Any], run_dir: Path, source: str = "<config>") -> dict[str, Any]:
@@ -144,69 +163,6 @@ def keep_run(run_dir: Path, store: Path) -> None:
     for name in KEPT_FILES:
         if (run_dir / name).is_file():
             shutil.copyfile(run_dir / name, store / name)
-
-
-@dataclass
-class RowResult:
-    """A row's runs (one per seed), where their files are, and their wall and CPU time."""
-
-    row: PaperRow
-    results: list[dict[str, Any]] = field(default_factory=list)
-    dirs: list[Path] = field(default_factory=list)
-    configs: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def seconds(self) -> float:
-        """Wall seconds of the row's runs (training rounds and the final evaluation)."""
-        return sum(_seconds(r, "") for r in self.results)
-
-    @property
-    def cpu_seconds(self) -> float:
-        """CPU seconds of the row's runs (this process's, training and final evaluation)."""
-        return sum(_seconds(r, "cpu_") for r in self.results)
-
-    def stat(self, metric: str) -> tuple[float, float | None]:
-        """Mean over seeds of the metric's average over sites and regions, and the sample
-        standard deviation over seeds (None for one seed)."""
-        values = [_average(r, metric) for r in self.results]
-        return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
-
-    def runs(self) -> RowRuns:
-        """The row's finished runs for the statistics."""
-        return RowRuns(
-            self.row.label, self.configs, self.results, [d / "cases.csv" for d in self.dirs]
-        )
-
-
-def _seconds(results: dict[str, Any], kind: str) -> float:
-    timing = results.get("timing") or {}
-    return float(sum(timing.get(f"round_{kind}seconds", []))) + float(
-        timing.get(f"eval_{kind}seconds", 0.0)
-    )
-
-
-@dataclass
-class Reproduction:
-    """A paper table run at one budget."""
-
-    paper: Paper
-    table: PaperTable
-    budget: str
-    overrides: dict[str, Any]
-    """The budget's overrides, then the caller's ``--set`` items (what the rows ran with)."""
-    seeds: int
-    rows: list[RowResult]
-    out: Path
-    analysis: TableAnalysis | None = None
-    evidence: Path | None = None
-
-
-def _average(results: dict[str, Any], metric: str) -> float:
-    per_region = results["average"].get(metric)
-    if not per_region:
-        return math.nan
-    values = [math.nan if v is None else float(v) for v in per_region.values()]
-    return statistics.fmean(values)
 
 
 def slug(label: str) -> str:

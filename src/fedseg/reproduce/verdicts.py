@@ -15,12 +15,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from fedseg.reproduce.papers import Claim, PaperTable
-from fedseg.reproduce.stats import (
-    ALPHA,
+from fedseg.reporting.stats import (
     HIGHER_IS_BETTER,
     CaseKey,
-    Paired,
+    Comparison,
     SeedSummary,
     case_values,
     holm,
@@ -28,11 +26,11 @@ from fedseg.reproduce.stats import (
     seed_mean,
     seed_summary,
 )
+from fedseg.reproduce.papers import Claim, PaperTable
 
 __all__ = [
     "COMPARED_SETTINGS",
     "ClaimVerdict",
-    "Comparison",
     "RowRuns",
     "TableAnalysis",
     "analyse",
@@ -81,45 +79,6 @@ def config_difference(a: RowRuns, b: RowRuns) -> str | None:
         if va != vb:
             return f"{key} differs: {a.label!r} ran {va!r}, {b.label!r} ran {vb!r}"
     return None
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """``row`` minus ``other`` on ``metric``; ``p_holm`` within the table's family."""
-
-    row: str
-    other: str
-    metric: str
-    stats: Paired | None
-    p_holm: float = math.nan
-    refused: str | None = None
-
-    def reversed(self) -> Comparison:
-        """``other`` minus ``row``."""
-        s = self.stats
-        if s is not None:
-            s = replace(s, median=-s.median, low=-s.high, high=-s.low, direction=-s.direction)
-        return replace(self, row=self.other, other=self.row, stats=s)
-
-    def better(self) -> str:
-        """``better`` / ``worse`` (significant in the metric's own direction) or ``unresolved``."""
-        if self.refused or self.stats is None:
-            return "refused"
-        sign = 1 if HIGHER_IS_BETTER.get(self.metric, False) else -1
-        if self.p_holm < ALPHA and self.stats.direction:
-            return "better" if sign * self.stats.direction > 0 else "worse"
-        return "unresolved"
-
-    def close(self, margin: float) -> str:
-        """``holds`` when the interval lies inside +-margin, ``contradicted`` when outside."""
-        if self.refused or self.stats is None:
-            return "refused"
-        s = self.stats
-        if -margin < s.low and s.high < margin:
-            return "holds"
-        if s.low > margin or s.high < -margin:
-            return "contradicted"
-        return "unresolved"
 
 
 @dataclass(frozen=True)

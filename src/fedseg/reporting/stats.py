@@ -13,7 +13,7 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +25,7 @@ __all__ = [
     "ALPHA",
     "HIGHER_IS_BETTER",
     "CaseKey",
+    "Comparison",
     "Paired",
     "SeedSummary",
     "case_values",
@@ -166,3 +167,42 @@ def holm(pvalues: Sequence[float]) -> list[float]:
         running = max(running, min(1.0, (m - rank) * pvalues[i]))
         adjusted[i] = running
     return adjusted
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """``row`` minus ``other`` on ``metric``; ``p_holm`` within the table's family."""
+
+    row: str
+    other: str
+    metric: str
+    stats: Paired | None
+    p_holm: float = math.nan
+    refused: str | None = None
+
+    def reversed(self) -> Comparison:
+        """``other`` minus ``row``."""
+        s = self.stats
+        if s is not None:
+            s = replace(s, median=-s.median, low=-s.high, high=-s.low, direction=-s.direction)
+        return replace(self, row=self.other, other=self.row, stats=s)
+
+    def better(self) -> str:
+        """``better`` / ``worse`` (significant in the metric's own direction) or ``unresolved``."""
+        if self.refused or self.stats is None:
+            return "refused"
+        sign = 1 if HIGHER_IS_BETTER.get(self.metric, False) else -1
+        if self.p_holm < ALPHA and self.stats.direction:
+            return "better" if sign * self.stats.direction > 0 else "worse"
+        return "unresolved"
+
+    def close(self, margin: float) -> str:
+        """``holds`` when the interval lies inside +-margin, ``contradicted`` when outside."""
+        if self.refused or self.stats is None:
+            return "refused"
+        s = self.stats
+        if -margin < s.low and s.high < margin:
+            return "holds"
+        if s.low > margin or s.high < -margin:
+            return "contradicted"
+        return "unresolved"

@@ -1,0 +1,77 @@
+"""A reproduced table in memory: each row's finished runs, the budget, the statistics."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedseg.reproduce.papers import Paper, PaperRow, PaperTable
+from fedseg.reproduce.verdicts import RowRuns, TableAnalysis
+
+__all__ = ["Reproduction", "RowResult"]
+
+
+@dataclass
+class RowResult:
+    """A row's runs (one per seed), where their files are, and their wall and CPU time."""
+
+    row: PaperRow
+    results: list[dict[str, Any]] = field(default_factory=list)
+    dirs: list[Path] = field(default_factory=list)
+    configs: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def seconds(self) -> float:
+        """Wall seconds of the row's runs (training rounds and the final evaluation)."""
+        return sum(_seconds(r, "") for r in self.results)
+
+    @property
+    def cpu_seconds(self) -> float:
+        """CPU seconds of the row's runs (this process's, training and final evaluation)."""
+        return sum(_seconds(r, "cpu_") for r in self.results)
+
+    def stat(self, metric: str) -> tuple[float, float | None]:
+        """Mean over seeds of the metric's average over sites and regions, and the sample
+        standard deviation over seeds (None for one seed)."""
+        values = [_average(r, metric) for r in self.results]
+        return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+
+    def runs(self) -> RowRuns:
+        """The row's finished runs for the statistics."""
+        return RowRuns(
+            self.row.label, self.configs, self.results, [d / "cases.csv" for d in self.dirs]
+        )
+
+
+def _seconds(results: dict[str, Any], kind: str) -> float:
+    timing = results.get("timing") or {}
+    return float(sum(timing.get(f"round_{kind}seconds", []))) + float(
+        timing.get(f"eval_{kind}seconds", 0.0)
+    )
+
+
+@dataclass
+class Reproduction:
+    """A paper table run at one budget."""
+
+    paper: Paper
+    table: PaperTable
+    budget: str
+    overrides: dict[str, Any]
+    """The budget's overrides, then the caller's ``--set`` items (what the rows ran with)."""
+    seeds: int
+    rows: list[RowResult]
+    out: Path
+    analysis: TableAnalysis | None = None
+    evidence: Path | None = None
+
+
+def _average(results: dict[str, Any], metric: str) -> float:
+    per_region = results["average"].get(metric)
+    if not per_region:
+        return math.nan
+    values = [math.nan if v is None else float(v) for v in per_region.values()]
+    return statistics.fmean(values)
