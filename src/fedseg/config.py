@@ -211,11 +211,11 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _private_method(self) -> RunConfig:
-        from fedseg.privacy.central import require_central_dp
+        from fedseg.privacy.select import require_supported
 
         if self.privacy.enabled:
             try:
-                require_central_dp(self.method_name, get_method(self.method_name))
+                require_supported(self.privacy, self.method_name, get_method(self.method_name))
             except ConfigError as e:
                 raise ValueError(e.reason) from None
         return self

@@ -426,7 +426,7 @@ class Federation:
         )
         results["precision"] = {"amp": used.amp, "channels_last": used.channels_last}
         if cfg.privacy.enabled:
-            results["privacy"] = privacy_report(cfg.privacy, len(rounds))
+            results["privacy"] = privacy_report(cfg.privacy, rounds)
         self.dir.write_results(results)
         self.dir.write_cases(per_site)
         log.info("results written to %s", self.dir.results_json)

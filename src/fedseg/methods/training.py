@@ -23,6 +23,7 @@ __all__ = [
     "AuxiliaryLoss",
     "LossFn",
     "Precision",
+    "StepLoop",
     "add_auxiliary",
     "autocast",
     "auxiliary_metrics",
@@ -39,6 +40,7 @@ __all__ = [
     "restore_optimizer_state",
     "save_optimizer_state",
     "segmentation_loss",
+    "step_loop",
     "train_steps",
 ]
 
@@ -287,6 +289,35 @@ def segmentation_loss(ctx: ClientContext) -> LossFn:
     return lambda logits, y: 0.5 * ce(logits, y) + 0.5 * dice(logits, y)
 
 
+class StepLoop(Protocol):
+    """The optimiser steps of :func:`train_steps`: ``iters`` steps of ``opt`` on the site's
+    data, returning at least the mean ``loss``. :func:`step_loop` replaces the plain one,
+    e.g. with DP-SGD (:mod:`fedseg.privacy.local`)."""
+
+    def __call__(
+        self,
+        model: nn.Module,
+        ctx: ClientContext,
+        opt: torch.optim.Optimizer,
+        loss_fn: LossFn,
+        iters: int,
+        regularizer: Callable[[], torch.Tensor] | None,
+    ) -> dict[str, float]: ...
+
+
+_STEP_LOOP: ContextVar[StepLoop | None] = ContextVar("fedseg_step_loop", default=None)
+
+
+@contextmanager
+def step_loop(loop: StepLoop) -> Iterator[StepLoop]:
+    """Within this block every :func:`train_steps` call steps with ``loop``."""
+    token = _STEP_LOOP.set(loop)
+    try:
+        yield loop
+    finally:
+        _STEP_LOOP.reset(token)
+
+
 def train_steps(
     model: nn.Module,
     ctx: ClientContext,
@@ -303,7 +334,8 @@ def train_steps(
     :class:`AuxiliaryLoss` sub-module of ``model`` its own term. Returns the mean loss (all
     terms) and the auxiliary modules' metrics. With ``train.keep_optimizer_state`` the
     optimiser continues from the site's last round. Forwards and losses run under the
-    current :func:`precision` (autocast; ``fp16`` scales gradients; channels-last).
+    current :func:`precision` (autocast; ``fp16`` scales gradients; channels-last). Within
+    a :func:`step_loop` block that loop makes the steps.
     """
     loss_fn = loss_fn or segmentation_loss(ctx)
     chosen = (
@@ -311,22 +343,36 @@ def train_steps(
     )
     opt = make_optimizer(chosen, ctx)
     restore_optimizer_state(opt, _owner(model), ctx)
-    aux = auxiliary_modules(model)
     model.train()
     n = ctx.steps() if iters is None else iters
+    loop = _STEP_LOOP.get() or _batch_steps
+    with channels_last_model(model):
+        metrics = loop(model, ctx, opt, loss_fn, n, regularizer)
+    save_optimizer_state(opt, _owner(model), ctx)
+    return metrics | auxiliary_metrics(auxiliary_modules(model))
+
+
+def _batch_steps(
+    model: nn.Module,
+    ctx: ClientContext,
+    opt: torch.optim.Optimizer,
+    loss_fn: LossFn,
+    iters: int,
+    regularizer: Callable[[], torch.Tensor] | None,
+) -> dict[str, float]:
+    """The plain :class:`StepLoop`: one step per batch of ``ctx.batches``."""
+    aux = auxiliary_modules(model)
     scaler = grad_scaler(ctx.device)  # fp16 off CUDA: autocast refuses
     total = 0.0
-    with channels_last_model(model):
-        for _ in range(n):
-            images, labels = next(ctx.batches)
-            with autocast(ctx.device):
-                loss = add_auxiliary(loss_fn(model(memory_format(images)), labels), aux)
-                if regularizer is not None:
-                    loss = loss + regularizer()
-            backward_step(opt, loss, scaler)
-            total += float(loss.detach())
-    save_optimizer_state(opt, _owner(model), ctx)
-    return {"loss": total / max(n, 1)} | auxiliary_metrics(aux)
+    for _ in range(iters):
+        images, labels = next(ctx.batches)
+        with autocast(ctx.device):
+            loss = add_auxiliary(loss_fn(model(memory_format(images)), labels), aux)
+            if regularizer is not None:
+                loss = loss + regularizer()
+        backward_step(opt, loss, scaler)
+        total += float(loss.detach())
+    return {"loss": total / max(iters, 1)}
 
 
 def _owner(model: nn.Module) -> nn.Module:

@@ -34,16 +34,15 @@ from fedseg.methods.base import (
     aggregate,
 )
 from fedseg.methods.fedavg import FedAvg
-from fedseg.methods.partition import ResolvedPartition
 from fedseg.privacy.accountant import epsilon
 from fedseg.privacy.settings import PrivacySettings
+from fedseg.privacy.wrapper import PrivateWrapper
 
 __all__ = [
     "CentralDP",
     "NoisySum",
     "clip_update",
     "fixed_weights",
-    "private_method",
     "require_central_dp",
     "supported_methods",
     "supports_central_dp",
@@ -103,22 +102,13 @@ def fixed_weights(settings: PrivacySettings, sites: tuple[SiteSpec, ...]) -> dic
     return {s.name: s.num_train / total for s in sites}
 
 
-class CentralDP(Method):
+class CentralDP(PrivateWrapper):
     """``inner`` (a FedAvg-family method) with clipped updates and a noised weighted sum."""
 
     def __init__(self, inner: Method, settings: PrivacySettings, name: str) -> None:
         require_central_dp(name, type(inner))
-        self.inner, self.settings, self.name = inner, settings, name
-        self.config, self.spec, self.model_cfg = inner.config, inner.spec, inner.model_cfg
-        self.personalized, self.summary = inner.personalized, f"{inner.summary} (central DP)"
+        super().__init__(inner, settings, name, "central DP")
         self.weights = fixed_weights(settings, inner.spec.sites)
-
-    # -- the inner method's model, partition and evaluation -----------------------------------
-    def build_model(self) -> nn.Module:
-        return self.inner.build_model()
-
-    def parts(self, model: nn.Module) -> ResolvedPartition:
-        return self.inner.parts(model)
 
     def upload_template(self, model: nn.Module) -> Template:
         up, down = self.inner.upload_template(model), self.inner.download_template(model)
@@ -129,24 +119,6 @@ class CentralDP(Method):
                 "without the other; a site's update needs both"
             )
         return up
-
-    def download_template(self, model: nn.Module) -> Template:
-        return self.inner.download_template(model)
-
-    def init_client(self, model: nn.Module, site: SiteSpec) -> State:
-        return self.inner.init_client(model, site)
-
-    def eval_model(self, payload: Payload, state: State, ctx: ClientContext) -> nn.Module:
-        return self.inner.eval_model(payload, state, ctx)
-
-    def segment(self, model: nn.Module, images: torch.Tensor) -> torch.Tensor:
-        return self.inner.segment(model, images)
-
-    def load(self, model: nn.Module, payload: Payload, state: State) -> None:
-        self.inner.load(model, payload, state)
-
-    def split(self, model: nn.Module) -> tuple[dict[str, torch.Tensor], State]:
-        return self.inner.split(model)
 
     # -- the private steps --------------------------------------------------------------------
     def init_server(self, model: nn.Module) -> ServerResult:
@@ -218,10 +190,3 @@ class NoisySum:
             {**self.state, GLOBAL: new},
             {"dp_epsilon": eps, "dp_delta": s.delta, "dp_noise_std": std},
         )
-
-
-def private_method(method: Method, settings: PrivacySettings, name: str) -> Method:
-    """``method`` under the ``privacy:`` block: unchanged when it is off."""
-    if not settings.enabled:
-        return method
-    return CentralDP(method, settings, name)

@@ -23,26 +23,32 @@ class SecureAggregation(BaseModel):
 
 
 class PrivacySettings(BaseModel):
-    """Client-level differential privacy of the released global model (DP-FedAvg)."""
+    """Differential privacy of what sites release: client-level (``central``, DP-FedAvg) or
+    example-level at each site (``local``, DP-SGD)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    mode: Literal["off", "central"] = "off"
+    mode: Literal["off", "central", "local"] = "off"
     """``central``: each site clips its update (upload minus the payload it started from) to
     ``clip`` in L2; the server sums the clipped updates with fixed weights and adds Gaussian
-    noise of standard deviation ``noise_multiplier * clip * max weight``."""
+    noise of standard deviation ``noise_multiplier * clip * max weight``. ``local``: every
+    site trains with DP-SGD (Poisson-sampled batches, each sample's gradient clipped to
+    ``clip``, Gaussian noise of standard deviation ``noise_multiplier * clip`` per step)."""
     clip: PositiveFloat = 1.0
-    """L2 bound of one site's update (every float tensor it uploads, BN statistics included)."""
+    """L2 bound of one site's update (``central``: every float tensor it uploads, BN
+    statistics included) or of one sample's gradient (``local``)."""
     noise_multiplier: PositiveFloat = 1.0
-    """Noise standard deviation in units of the sum's sensitivity (z of DP-FedAvg)."""
+    """Noise standard deviation in units of the sensitivity ``clip`` (z)."""
     weighting: Literal["uniform", "samples"] = "uniform"
-    """Fixed aggregation weights: ``uniform`` (1/number of sites, DP-FedAvg) or ``samples``
-    (each site's declared training-sample share of the whole federation); the denominator
-    never depends on who replied, so a dropout cannot raise the sensitivity."""
+    """``central`` only. Fixed aggregation weights: ``uniform`` (1/number of sites,
+    DP-FedAvg) or ``samples`` (each site's declared training-sample share of the whole
+    federation); the denominator never depends on who replied, so a dropout cannot raise
+    the sensitivity."""
     delta: float = Field(1e-5, gt=0, lt=1)
     """The delta at which epsilon is reported."""
     target_epsilon: PositiveFloat | None = None
-    """Stop training before the round whose release would take epsilon above this value."""
+    """``central``: stop training before the round whose release would take epsilon above
+    this value; ``local``: a site takes no DP-SGD step that would."""
 
     secure_aggregation: SecureAggregation | None = None
     """Sum the clipped updates with Flower's SecAgg+ (Flower engines only; needs
