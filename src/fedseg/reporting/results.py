@@ -54,8 +54,21 @@ def site_table(results: dict[str, Any], metrics: tuple[str, ...] | None = None) 
         "DSC, Jaccard, precision, recall in %; HD95 and ASSD in pixels (or mm with spacing).",
         f"Parameters: total {results['params']['total']:,}, upload {results['params']['upload']:,},"
         f" download {results['params']['download']:,} per client per round.",
+        *_privacy_note(results.get("privacy")),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _privacy_note(dp: dict[str, Any] | None) -> list[str]:
+    """The differential-privacy line of a DP run (local mode: epsilon is the largest site's)."""
+    if not dp:
+        return []
+    most = " (largest over sites)" if dp["mode"] == "local" else ""
+    return [
+        f"Differential privacy ({dp['mode']}): clip {dp['clip']:g}, noise multiplier "
+        f"{dp['noise_multiplier']:g}, ε = {dp['epsilon']:.3g}{most} at δ = {dp['delta']:g} "
+        f"after {dp['rounds']} rounds."
+    ]
 
 
 def _missing_note(results: dict[str, Any]) -> list[str]:
