@@ -22,7 +22,9 @@ from fedseg.privacy import PrivacySettings, sgd_epsilon, steps_within_budget
 from fedseg.privacy import supported_local_methods as supported
 from fedseg.privacy.central import update_norm
 from fedseg.privacy.local import DPSGD
+from fedseg.reporting.compare import build_report, report_markdown
 from fedseg.reporting.results import site_table
+from fedseg.reporting.runs import load_run
 from fedseg.testing import synth_folder, toy_federation
 
 SMALL = {"name": "unet", "widths": [8, 16, 32], "dropout": [0, 0, 0], "norm": "group"}
@@ -150,7 +152,9 @@ def test_local_dp_run_is_repeatable_reports_epsilon_per_site_and_stops_at_the_ta
             assert report["per_site"][site] == rounds[-1]["clients"][site]["dp_epsilon"]
     assert report["epsilon"] == max(report["per_site"].values()) > 0
     assert report["mode"] == "local" and report["delta"] == 1e-4
-    assert "Differential privacy (local): clip 0.5, noise multiplier 0.9" in site_table(runs["a"])
+    line = f"(local): clip 0.5, noise multiplier 0.9, ε = {report['epsilon']:.3g} (largest"
+    assert line in site_table(runs["a"])  # results.md, and the report of the run
+    assert line in report_markdown(build_report([load_run(tmp_path / "a")]))
 
     rate = rounds[0]["clients"]["A"]["dp_sampling_rate"]
     target = {**privacy, "target_epsilon": sgd_epsilon(settings, rate, 3)}

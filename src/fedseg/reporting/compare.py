@@ -23,7 +23,7 @@ from typing import Any
 from fedseg.errors import ConfigError
 from fedseg.reporting.affinity import affinity_table
 from fedseg.reporting.paired import PairedRows, paired_rows
-from fedseg.reporting.results import METRIC_LABELS, fmt
+from fedseg.reporting.results import METRIC_LABELS, fmt, privacy_note
 from fedseg.reporting.runs import Run, flat_config, load_run
 
 __all__ = [
@@ -288,6 +288,7 @@ def report_markdown(
         for run in on_disk:
             links = ", ".join(f"[{p.name}]({_rel(p, base)})" for p in run_files(run))
             out.append(f"- {run.name} ({run.dir}): {links or 'no files'}")
+            out += [f"  {line}" for line in privacy_note(run.results.get("privacy"))]
             if any("affinity" in (rec.get("server") or {}) for rec in run.rounds):
                 out += ["", affinity_table(run.dir)]
         out.append("")

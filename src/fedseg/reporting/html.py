@@ -25,7 +25,7 @@ from fedseg.reporting.compare import (
     show_value,
 )
 from fedseg.reporting.plots import plot_row_curves, plot_site_bars, plot_training_curves
-from fedseg.reporting.results import METRIC_LABELS
+from fedseg.reporting.results import METRIC_LABELS, privacy_note
 from fedseg.reporting.runs import Run, load_run
 from fedseg.reporting.segmentations import segmentation_figure
 
@@ -117,7 +117,11 @@ def _links(run: Run, out: Path) -> str:
     links = " ".join(
         f'<a href="{h}">{html.escape(p.name)}</a>' for h, p in zip(hrefs, files, strict=True)
     )
-    return f"<li>{html.escape(run.name)} ({html.escape(str(run.dir))}): {links or 'no files'}</li>"
+    note = "".join(f"<br>{html.escape(x)}" for x in privacy_note(run.results.get("privacy")))
+    return (
+        f"<li>{html.escape(run.name)} ({html.escape(str(run.dir))}): {links or 'no files'}"
+        f"{note}</li>"
+    )
 
 
 def report_html(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["METRIC_LABELS", "fmt", "site_table"]
+__all__ = ["METRIC_LABELS", "fmt", "privacy_note", "site_table"]
 
 METRIC_LABELS = {
     "dsc": "DSC",
@@ -54,12 +54,12 @@ def site_table(results: dict[str, Any], metrics: tuple[str, ...] | None = None) 
         "DSC, Jaccard, precision, recall in %; HD95 and ASSD in pixels (or mm with spacing).",
         f"Parameters: total {results['params']['total']:,}, upload {results['params']['upload']:,},"
         f" download {results['params']['download']:,} per client per round.",
-        *_privacy_note(results.get("privacy")),
+        *privacy_note(results.get("privacy")),
     ]
     return "\n".join(lines) + "\n"
 
 
-def _privacy_note(dp: dict[str, Any] | None) -> list[str]:
+def privacy_note(dp: dict[str, Any] | None) -> list[str]:
     """The differential-privacy line of a DP run (local mode: epsilon is the largest site's)."""
     if not dp:
         return []
