@@ -126,7 +126,7 @@ def _rounds(path: Path) -> list[dict]:
     return [json.loads(x) for x in (path / "rounds.jsonl").read_text().splitlines()]
 
 
-def test_local_dp_run_is_repeatable_reports_epsilon_per_site_and_stops_at_the_target(
+def test_local_dp_run_is_repeatable_resumable_reports_epsilon_per_site_and_stops_at_target(
     fed_root, tmp_path
 ):
     privacy = {"clip": 0.5, "noise_multiplier": 0.9, "delta": 1e-4}
@@ -155,6 +155,19 @@ def test_local_dp_run_is_repeatable_reports_epsilon_per_site_and_stops_at_the_ta
     line = f"(local): clip 0.5, noise multiplier 0.9, ε = {report['epsilon']:.3g} (largest"
     assert line in site_table(runs["a"])  # results.md, and the report of the run
     assert line in report_markdown(build_report([load_run(tmp_path / "a")]))
+
+    class Crash(Exception):
+        pass
+
+    def crash_after_round_1(record):
+        if record["round"] == 0:
+            raise Crash
+
+    with pytest.raises(Crash):  # resumed: the steps so far come back with the site's state
+        InProcessRunner(_cfg(fed_root, privacy), tmp_path / "r").run(on_round=crash_after_round_1)
+    resumed = InProcessRunner(_cfg(fed_root, privacy), tmp_path / "r").run(resume=True)
+    assert resumed["sites"] == runs["a"]["sites"] and resumed["privacy"] == report
+    assert [r["clients"] for r in _rounds(tmp_path / "r")] == [r["clients"] for r in rounds]
 
     rate = rounds[0]["clients"]["A"]["dp_sampling_rate"]
     target = {**privacy, "target_epsilon": sgd_epsilon(settings, rate, 3)}
