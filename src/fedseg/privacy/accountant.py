@@ -8,7 +8,7 @@ use it needs seconds to minutes and gigabytes per evaluation (z = 1, 25 rounds: 
 0.9 GB), about 10% below the RDP bound.
 
 Local DP-SGD: each of a site's steps is the Gaussian mechanism with multiplier ``z`` on a
-Poisson sample of its data at rate ``q = batch_size / n`` (neighbouring datasets: one
+Poisson sample of its data at rate ``q = min(1, batch_size / n)`` (neighbouring datasets: one
 example added or removed); ``steps`` of them compose to the site's epsilon. Integer RDP
 orders 2..256 are used: dp-accounting's fractional orders below 2 fail to converge at the
 rates sites use and are dropped with a warning each time.

@@ -6,7 +6,7 @@ shared training loop.
 :func:`~fedseg.methods.training.train_steps` call of the method takes DP-SGD steps. One step:
 
 1. a Poisson sample of the site's ``n`` training examples, each with probability
-   ``q = batch_size / n`` (from the client step's seeded generator);
+   ``q = min(1, batch_size / n)`` (from the client step's seeded generator);
 2. each sampled example's gradient from a forward and backward pass of that example alone,
    so its loss (pCE over its own labelled pixels, its own Dice, ...) never mixes examples;
 3. each gradient clipped to ``clip`` in L2 over every optimised parameter, the clipped
@@ -51,7 +51,6 @@ from fedseg.methods.training import (
     add_auxiliary,
     autocast,
     auxiliary_modules,
-    current_precision,
     memory_format,
     step_loop,
 )
@@ -169,16 +168,9 @@ class DPSGD:
     one client step; ``steps`` counts the site's steps, those of earlier rounds included."""
 
     def __init__(self, settings: PrivacySettings, ctx: ClientContext, steps: int) -> None:
-        n, batch = ctx.site.num_train, ctx.train.batch_size
-        if batch > n:
-            raise ConfigError(
-                f"privacy.mode local: train.batch_size {batch} exceeds site "
-                f"{ctx.site.name!r}'s {n} training examples (sampling rate above 1)"
-            )
-        if current_precision().amp == "fp16":
-            raise ConfigError("privacy.mode local: engine.amp fp16 is not supported; use bf16")
         self.settings, self.ctx, self.steps = settings, ctx, steps
-        self.batch, self.rate = batch, batch / n
+        self.batch = ctx.train.batch_size
+        self.rate = min(1.0, self.batch / ctx.site.num_train)
         self.budget = steps_within_budget(settings, self.rate)
         self.data: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -188,8 +180,8 @@ class DPSGD:
         if self.data is None:
             self.data = next(ctx.ordered_batches(ctx.site.num_train))
         images, labels = self.data
-        pick = torch.rand(len(images), generator=ctx.generator) < self.rate
-        x, y = images[pick.to(images.device)], labels[pick.to(labels.device)]
+        pick = (torch.rand(len(images), generator=ctx.generator) < self.rate).to(images.device)
+        x, y = images[pick], labels[pick]
         if ctx.train.augment and len(x):
             x, y = augment(
                 x.cpu(),
