@@ -61,19 +61,7 @@ def _steps_per_site_and_round(name: str, epochs: int) -> tuple[dict[str, list[in
     return counts, {s: d.spec.num_train for s, d in sim.train_sites.items()}
 
 
-LOCAL_ITERS_ONLY = pytest.mark.xfail(
-    strict=True,
-    reason="fedseg/methods/local.py counts train.local_iters and ignores local_epochs (LT, CT)",
-)
-
-
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(n, marks=LOCAL_ITERS_ONLY) if n in ("local", "centralized") else n
-        for n in list_methods()
-    ],
-)
+@pytest.mark.parametrize("name", list_methods())
 def test_every_method_makes_local_epochs_passes_per_round(name):
     try:
         counts, sizes = _steps_per_site_and_round(name, epochs=1)

@@ -41,14 +41,16 @@ class LocalOnly(Method):
         return ServerResult({s.name: Payload() for s in ctx.spec.sites}, state)
 
     def iterations(self, ctx: ClientContext) -> int:
-        """Optimiser steps of one round."""
-        return ctx.train.local_iters
+        """Optimiser steps of one round: ``local_iters``, or ``local_epochs`` passes."""
+        return ctx.steps()
 
 
 class CentralizedConfig(MethodConfig):
     match_federation_steps: bool = True
     """Train ``local_iters`` x (number of pooled sites) steps per round: as many optimiser
-    steps as the whole federation makes with the same config (False: ``local_iters``)."""
+    steps as the whole federation makes with the same config (False: ``local_iters``). With
+    ``local_epochs`` the pooled site makes that many passes over the union of the sites'
+    data, which is already the federation's step count."""
 
 
 @register_method("centralized")
@@ -61,5 +63,7 @@ class Centralized(LocalOnly):
     summary = "CT: centralized training on pooled data, evaluated on every site's test split"
 
     def iterations(self, ctx: ClientContext) -> int:
+        if ctx.train.local_epochs is not None:
+            return ctx.steps()
         scale = max(ctx.spec.pooled_sites, 1) if self.config.match_federation_steps else 1
         return ctx.train.local_iters * scale
