@@ -108,14 +108,14 @@ def apply_budget(
 RESULT_NEUTRAL_ENGINE = (
     "device",
     "checkpoint_every",
-    "channels_last",
     "threads",
     "workers",
     "site_states",
     "backend",
 )
 """Engine settings that do not change a run's numbers beyond float rounding (the engines and
-memory layouts give the same results, docs/config.md); ``engine.amp`` does change them."""
+worker counts give the same results, docs/architecture.md); ``engine.amp`` and
+``engine.channels_last`` do change them (precision; dropout masks follow the memory layout)."""
 
 
 def _comparable(cfg: RunConfig) -> dict[str, Any]:
