@@ -69,6 +69,13 @@ class Precision:
         cl = self.channels_last
         if cl == "auto":
             cl = model.channels_last_faster(ndim)
+        no_amx = device.type == "cpu" and "amx_bf16" not in cpu_flags()
+        if amp == "bf16" and cl and ndim == 3 and no_amx:
+            raise ConfigError(
+                "engine.channels_last: true with bf16 on a 3D network is refused on a CPU "
+                "without AMX: it turned the 3D UNet's weights non-finite on such a CPU "
+                "(docs/config.md#bf16-and-channels-last-in-3d); use channels_last: auto"
+            )
         return Precision(amp, bool(cl))
 
 
