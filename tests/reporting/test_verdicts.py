@@ -275,3 +275,14 @@ def test_a_measured_budget_is_recorded_in_the_paper_file(tmp_path):
     assert entry["set"] == {"train.rounds": 8} and entry["status"] == "converged"
     assert entry["gains"] == {"8": {"A": 0.5}} and entry["final_val_dsc"] == {"8": {"A": 40.5}}
     assert yaml.safe_load(paper.read_text())["tables"] == raw["tables"]
+
+
+def test_html_report_shows_the_paired_tests_and_a_strip_plot(runs, tmp_path):
+    from fedseg.reporting.html import write_report
+
+    written = write_report([runs["mu_small"], runs["mu_large"]], tmp_path / "rep")
+    page = (tmp_path / "rep" / "report.html").read_text()
+    assert "Paired tests against prox (method.mu=0.01)" in page
+    strips = [p for p in written if p.name.startswith("strip_")]
+    assert len(strips) == 1 and strips[0].stat().st_size > 0
+    assert 'alt="per-case values (mean over seeds), median marked"' in page

@@ -12,6 +12,7 @@ import html
 import os
 from pathlib import Path
 
+from fedseg.errors import ConfigError
 from fedseg.reporting.compare import (
     Report,
     Section,
@@ -21,9 +22,11 @@ from fedseg.reporting.compare import (
     report_markdown,
     report_metrics,
     run_files,
+    section_tests,
     seeds_text,
     show_value,
 )
+from fedseg.reporting.paired import PairedRows
 from fedseg.reporting.plots import plot_row_curves, plot_site_bars, plot_training_curves
 from fedseg.reporting.results import METRIC_LABELS, privacy_note
 from fedseg.reporting.runs import Run, load_run
@@ -68,6 +71,10 @@ def write_report(
             if m in ("dsc", "hd95"):
                 path = plot_site_bars(section, m, figs / f"bars_{k}_{m}.png")
                 shown.append((f"{m.upper()} per site", path))
+        tests = _tests(section, metrics)
+        if tests is not None:
+            path = tests.strip(figs / f"strip_{k}.png", section.title)
+            shown.append(("per-case values (mean over seeds), median marked", path))
         drawn = segmentation_figure(section, figs / f"segmentations_{k}.png")
         if drawn is not None:
             shown.append((f"{SEGMENTATIONS} {', '.join(drawn[1])}", drawn[0]))
@@ -89,6 +96,14 @@ def _write(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
+
+
+def _tests(section: Section, metrics: tuple[str, ...] | None) -> PairedRows | None:
+    """The section's paired tests; None where they cannot be computed (report.md says why)."""
+    try:
+        return section_tests(section, metrics)
+    except ConfigError:
+        return None
 
 
 def _img(path: Path, alt: str) -> str:
@@ -145,6 +160,9 @@ def report_html(
         parts += [_table(section, m, k) for m in report_metrics(section, metrics)]
         if any(len(r.runs) > 1 for r in section.rows):
             parts.append("<p>Cells with several seeds: mean ± sample standard deviation.</p>")
+        tests = _tests(section, metrics)
+        if tests is not None:
+            parts.append(tests.html())
         shown = figures.get(section.title, [])
         parts += [_img(p, c) for c, p in shown if not c.startswith(RUN_CURVES)]
         per_run = [_img(p, c) for c, p in shown if c.startswith(RUN_CURVES)]
