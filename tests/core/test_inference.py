@@ -32,7 +32,7 @@ def _train(root: Path, out: Path, method: str, synth: dict, **extra) -> Path:
             "data": {"root": str(root), "labels": "full", "synth": synth, **extra},
             "method": {"name": method},
             "train": {
-                "rounds": 2,
+                "rounds": 4,  # enough for every fixture model to segment something (any layout)
                 "local_iters": 6,
                 "batch_size": 4,
                 "optimizer": "adamw",
