@@ -25,6 +25,7 @@ from fedseg.reporting.affinity import affinity_table
 from fedseg.reporting.paired import PairedRows, paired_rows
 from fedseg.reporting.results import METRIC_LABELS, fmt, privacy_note
 from fedseg.reporting.runs import Run, flat_config, load_run
+from fedseg.reporting.utilisation import utilisation_markdown
 
 __all__ = [
     "IGNORED_KEYS",
@@ -291,6 +292,8 @@ def report_markdown(
             out += [f"  {line}" for line in privacy_note(run.results.get("privacy"))]
             if any("affinity" in (rec.get("server") or {}) for rec in run.rounds):
                 out += ["", affinity_table(run.dir)]
+            use = utilisation_markdown(run.rounds)
+            out += ["", *use] if use else []
         out.append("")
     return "\n".join(out)
 

@@ -31,6 +31,7 @@ from fedseg.reporting.plots import plot_row_curves, plot_site_bars, plot_trainin
 from fedseg.reporting.results import METRIC_LABELS, privacy_note
 from fedseg.reporting.runs import Run, load_run
 from fedseg.reporting.segmentations import segmentation_figure
+from fedseg.reporting.utilisation import utilisation_html
 
 __all__ = ["report_html", "write_report"]
 
@@ -135,7 +136,7 @@ def _links(run: Run, out: Path) -> str:
     note = "".join(f"<br>{html.escape(x)}" for x in privacy_note(run.results.get("privacy")))
     return (
         f"<li>{html.escape(run.name)} ({html.escape(str(run.dir))}): {links or 'no files'}"
-        f"{note}</li>"
+        f"{note}{utilisation_html(run.rounds)}</li>"
     )
 
 
