@@ -97,7 +97,7 @@ def test_paper_gate_from_pooled_amplitudes_and_3d_maps():
     fsr = FSR(4, gate="gap")
     x = torch.randn(2, 4, 6, 8, 8)
     amp = torch.fft.rfftn(x, dim=(2, 3, 4)).abs()
-    w = fsr.style_weights(amp, amp)
+    w = fsr.style_weights(amp, amp, tuple(x.shape[2:]))
     assert w.shape == (2, 2) and ((w > 0) & (w < 1)).all()
     out = fsr(x)
     assert out.shape == x.shape
