@@ -107,11 +107,15 @@ class Calibration:
     rows_in_largest_table: int
     attempts: list[Attempt]
     folder: Path
+    done: bool = False
+    """Whether the search has ended (no larger attempt follows)."""
 
     @property
     def status(self) -> str:
-        """``converged`` or ``capped``."""
-        return "converged" if self.attempts[-1].converged() else "capped"
+        """``converged``, ``capped`` (ended without converging) or ``measuring``."""
+        if self.attempts[-1].converged():
+            return "converged"
+        return "capped" if self.done else "measuring"
 
     def table_hours(self, rounds: int) -> float:
         """Estimated wall hours of the federation's largest table at ``rounds`` (3 seeds, the
@@ -295,5 +299,7 @@ def calibrate(
         if fits <= rounds:
             break
         rounds = min(2 * rounds, fits)
+    cal.done = True
+    cal.write()
     cal.record(PAPERS_DIR / f"{paper}.yaml")
     return cal
