@@ -14,10 +14,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from fedseg.reporting.results import METRIC_LABELS
 from fedseg.reporting.stats import (
     Comparison,
     SeedSummary,
     case_values,
+    format_p,
     holm,
     paired,
     seed_mean,
@@ -26,8 +28,6 @@ from fedseg.reporting.stats import (
 from fedseg.reporting.strip import strip_figure
 
 __all__ = ["PairedRows", "paired_rows"]
-
-_LABELS = {"dsc": "DSC", "jaccard": "Jaccard", "hd95": "HD95", "hd": "HD", "assd": "ASSD"}
 
 
 @dataclass
@@ -93,24 +93,20 @@ class PairedRows:
                     tail = [
                         str(st.pairs),
                         f"{st.median:.2f} [{st.low:.2f}, {st.high:.2f}]",
-                        _p(st.p),
-                        _p(c.p_holm),
+                        format_p(st.p),
+                        format_p(c.p_holm),
                         c.better(),
                     ]
-                out.append([label, _LABELS.get(m, m), mean, *tail])
+                out.append([label, METRIC_LABELS.get(m, m), mean, *tail])
         return out
 
     def strip(self, path: Path, title: str) -> Path:
         """Each row's per-case values per metric as a strip plot."""
         panels = {
-            _LABELS.get(m, m): [self.cases[(label, m)] for label in self.labels]
+            METRIC_LABELS.get(m, m): [self.cases[(label, m)] for label in self.labels]
             for m in self.metrics
         }
         return strip_figure(self.labels, panels, title, path)
-
-
-def _p(v: float) -> str:
-    return f"{v:.2g}" if v < 0.001 else f"{v:.3f}"
 
 
 def paired_rows(

@@ -206,3 +206,8 @@ class Comparison:
         if s.low > margin or s.high < -margin:
             return "contradicted"
         return "unresolved"
+
+
+def format_p(p: float) -> str:
+    """A p-value for a table: two significant digits below 0.001, else three decimals."""
+    return "n/a" if math.isnan(p) else (f"{p:.2g}" if p < 0.001 else f"{p:.3f}")

@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from fedseg.reporting.stats import ALPHA, Comparison
+from fedseg.reporting.stats import ALPHA, Comparison, format_p
 from fedseg.reproduce.rows import Reproduction
 
 __all__ = ["render_claims_csv", "render_csv", "render_markdown", "write_index", "write_table"]
@@ -27,10 +27,6 @@ _LABELS = {"dsc": "DSC", "jaccard": "mIoU", "hd95": "HD95", "hd": "HD", "assd": 
 
 def _num(v: float | None, digits: int = 2) -> str:
     return "n/a" if v is None or math.isnan(v) else f"{v:.{digits}f}"
-
-
-def _p(v: float) -> str:
-    return "n/a" if math.isnan(v) else (f"{v:.2g}" if v < 0.001 else f"{v:.3f}")
 
 
 def paper_values(rep: Reproduction, label: str, metric: str) -> str:
@@ -114,7 +110,7 @@ def render_markdown(rep: Reproduction) -> str:
             )
             diffs = "; ".join(f"{x.row} − {x.other}: {_diff(x)}" for x in v.comparisons) or "—"
             pairs = ", ".join(str(x.stats.pairs) for x in v.comparisons if x.stats) or "—"
-            ps = ", ".join(_p(x.p_holm) for x in v.comparisons if x.stats) or "—"
+            ps = ", ".join(format_p(x.p_holm) for x in v.comparisons if x.stats) or "—"
             margin = f" (margin {c.within:g})" if c.within else ""
             verdict = f"**{v.verdict}**" + (f" ({v.reason})" if v.verdict != "holds" else "")
             lines.append(
@@ -135,10 +131,10 @@ def render_markdown(rep: Reproduction) -> str:
         ]
         for c in a.references:
             n = str(c.stats.pairs) if c.stats else "—"
-            p = _p(c.stats.p) if c.stats else "—"
+            p = format_p(c.stats.p) if c.stats else "—"
             lines.append(
                 f"| {c.row} | {c.other} | {_LABELS.get(c.metric, c.metric)} | {n} | {_diff(c)} "
-                f"| {p} | {_p(c.p_holm)} | {c.better()} |"
+                f"| {p} | {format_p(c.p_holm)} | {c.better()} |"
             )
     return "\n".join(lines) + "\n"
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,12 +31,6 @@ class RowResult:
         """CPU seconds of the row's runs (this process's, training and final evaluation)."""
         return sum(_seconds(r, "cpu_") for r in self.results)
 
-    def stat(self, metric: str) -> tuple[float, float | None]:
-        """Mean over seeds of the metric's average over sites and regions, and the sample
-        standard deviation over seeds (None for one seed)."""
-        values = [_average(r, metric) for r in self.results]
-        return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
-
     def runs(self) -> RowRuns:
         """The row's finished runs for the statistics."""
         return RowRuns(
@@ -67,11 +59,3 @@ class Reproduction:
     out: Path
     analysis: TableAnalysis | None = None
     evidence: Path | None = None
-
-
-def _average(results: dict[str, Any], metric: str) -> float:
-    per_region = results["average"].get(metric)
-    if not per_region:
-        return math.nan
-    values = [math.nan if v is None else float(v) for v in per_region.values()]
-    return statistics.fmean(values)
