@@ -215,6 +215,7 @@ def test_identical_configs_end_to_end_and_the_evidence_folder(tmp_path, monkeypa
     monkeypatch.setattr(papers, "PAPERS_DIR", tmp_path)
     raw = yaml.safe_load(PAPER)
     raw["tables"]["t"]["set"].append(f"data.root={tmp_path / 'fed'}")
+    raw["tables"]["t"]["notes"] = ["Row B starts from random weights, the paper's from ImageNet."]
     (tmp_path / "toy.yaml").write_text(yaml.safe_dump(raw))
     papers.load_paper.cache_clear()
     evidence = tmp_path / "evidence" / "toy-t"
@@ -224,6 +225,7 @@ def test_identical_configs_end_to_end_and_the_evidence_folder(tmp_path, monkeypa
         assert v.verdict == "unresolved" and v.comparisons[0].stats.p == 1.0
         for name in ("table.md", "table.csv", "claims.csv", "strip.png", "command.txt"):
             assert (evidence / name).is_file()
+        assert "- Row B starts from random weights" in (evidence / "table.md").read_text()
         kept = evidence / "runs" / "a" / "seed0"
         assert sorted(p.name for p in kept.iterdir()) == sorted(
             ["cases.csv", "config.yaml", "results.json", "rounds.jsonl"]
@@ -236,6 +238,19 @@ def test_identical_configs_end_to_end_and_the_evidence_folder(tmp_path, monkeypa
         assert rep2.rows[0].dirs[0] == kept
         claims = list(csv.DictReader((evidence / "claims.csv").open()))
         assert claims[0]["verdict"] == "unresolved" and float(claims[0]["p"]) == 1.0
+    finally:
+        papers.load_paper.cache_clear()
+
+
+def test_table_notes_must_be_sentences(tmp_path, monkeypatch):
+    monkeypatch.setattr(papers, "PAPERS_DIR", tmp_path)
+    raw = yaml.safe_load(PAPER)
+    raw["tables"]["t"]["notes"] = "one string, not a list"
+    (tmp_path / "toy.yaml").write_text(yaml.safe_dump(raw))
+    papers.load_paper.cache_clear()
+    try:
+        with pytest.raises(ConfigError, match=r"tables\.t\.notes: expected a list"):
+            papers.load_paper("toy")
     finally:
         papers.load_paper.cache_clear()
 

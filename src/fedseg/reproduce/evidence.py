@@ -86,6 +86,8 @@ def render_markdown(rep: Reproduction) -> str:
         cells += ["—" if v is None else f"{v:g}" for v in published]
         cells += [f"{rr.seconds:.0f}", f"{rr.cpu_seconds:.0f}"]
         lines.append("| " + " | ".join(cells) + " |")
+    if t.notes:
+        lines += ["", "Notes:", ""] + [f"- {n}" for n in t.notes]
     if a is None:
         return "\n".join(lines) + "\n"
     if a.claims:

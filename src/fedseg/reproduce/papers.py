@@ -96,6 +96,9 @@ class PaperTable:
     claims: tuple[Claim, ...] = ()
     paper_columns: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Per metric, the published columns of the task our rows run (where several match)."""
+    notes: tuple[str, ...] = ()
+    """What a reader of the evidence page must know about how our rows differ from the
+    paper's (rendered under the table)."""
 
     def row(self, label: str) -> PaperRow:
         """The row labelled ``label``."""
@@ -202,6 +205,9 @@ def _table(path: Path, tname: str, t: dict[str, Any], metrics: tuple[str, ...]) 
                 f"columns of this table ({', '.join(columns)})"
             )
         paper_columns[metric] = cols
+    notes = t.get("notes") or []
+    if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+        raise ConfigError(f"{where}.notes: expected a list of sentences")
     return PaperTable(
         tname,
         t["title"],
@@ -213,6 +219,7 @@ def _table(path: Path, tname: str, t: dict[str, Any], metrics: tuple[str, ...]) 
         reference,
         claims,
         paper_columns,
+        tuple(notes),
     )
 
 

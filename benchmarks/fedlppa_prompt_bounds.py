@@ -1,0 +1,174 @@
+"""What keeps FedLPPA's prompt affinity near its random start, measured on finished runs.
+
+    python benchmarks/fedlppa_prompt_bounds.py RUN_DIR [RUN_DIR ...] [--out DIR]
+
+For each FedLPPA run directory (with ``checkpoints/last.pt``) it rebuilds the run's initial
+network from its config and seed (the same weights every engine starts from) and compares its
+prompts with the aggregated prompts of the last checkpoint:
+
+- **affinity at initialisation** (Eqs. 7-8 on the initial DDP slots and UKP), at the last
+  round as the server computed it (``rounds.jsonl``, uploaded slots) and on the aggregated
+  slots of the checkpoint; the off-diagonal range of each;
+- **the same cosine without the shared UKP and without the prompts' mean** (Pearson
+  correlation of the DDP slots): what the sites' own slots say once the terms every pair
+  shares are removed;
+- **how far the prompts moved**: per DDP slot and for the UKP, ``||p_T - p_0|| / ||p_0||``
+  and the largest entry change, against the **ceiling** an Adam-type optimiser allows, the
+  sum of the learning rates over the site's local steps (each step moves an entry by at most
+  about ``lr``) times the site's sample share ``n_i / n`` that survives FedAvg (Eq. 2).
+
+Writes ``bounds.md`` (and prints it). Nothing is trained.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from fedseg.config import parse_config
+from fedseg.engine.server import make_method, spec_from_json
+from fedseg.engine.worker import initial_model
+from fedseg.methods.base import batches_per_epoch
+from fedseg.models.tdf import prompt_affinity
+
+
+def pearson(ddp: torch.Tensor) -> torch.Tensor:
+    """Correlation between DDP slots: cosine after removing each slot's mean."""
+    x = ddp.detach().double().flatten(1)
+    x = x - x.mean(dim=1, keepdim=True)
+    x = torch.nn.functional.normalize(x, dim=1)
+    return (x @ x.T).float()
+
+
+def off_diagonal(m: torch.Tensor) -> tuple[float, float, float]:
+    """(min, mean, max) of the off-diagonal entries."""
+    mask = ~torch.eye(len(m), dtype=torch.bool)
+    v = m[mask]
+    return float(v.min()), float(v.mean()), float(v.max())
+
+
+def lr_sum(train: Any, steps_per_round: int) -> float:
+    """Sum of the learning rate over one site's local steps of the whole run (poly or
+    constant schedule per round, as the config states)."""
+    total = 0.0
+    for r in range(train.rounds):
+        lr = train.lr
+        if train.lr_schedule == "poly":
+            lr *= (1 - r / train.rounds) ** 0.9
+        total += lr * steps_per_round
+    return total
+
+
+def site_steps(train: Any, num_train: int) -> int:
+    """Optimiser steps of one round at a site with ``num_train`` images."""
+    if train.local_epochs is None:
+        return train.local_iters
+    return train.local_epochs * batches_per_epoch(num_train, train.batch_size)
+
+
+def analyse(run_dir: Path) -> dict[str, Any]:
+    cfg = parse_config(yaml.safe_load((run_dir / "config.yaml").read_text()), str(run_dir))
+    ck = torch.load(run_dir / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
+    spec = spec_from_json(ck["spec"])
+    method = make_method(cfg, spec)
+    tdf0 = initial_model(method, cfg.seed).tdf
+    if tdf0 is None:
+        raise SystemExit(f"{run_dir}: FedLPPA without TDF has no prompts")
+    ddp0, ukp0 = tdf0.ddp.detach(), tdf0.ukp.detach() if tdf0.ukp is not None else None
+    payload = ck["server"]["payloads"][0]
+    tensors = payload.tensors if hasattr(payload, "tensors") else payload["tensors"]
+    ddp, ukp = tensors["tdf.ddp"], tensors.get("tdf.ukp")
+    records = [json.loads(x) for x in (run_dir / "rounds.jsonl").read_text().splitlines() if x]
+    last = [r["server"] for r in records if "affinity" in r.get("server", {})][-1]
+    n = sum(s.num_train for s in spec.sites)
+    slots = []
+    for s in spec.sites:
+        d0, d1 = ddp0[s.index], ddp[s.index]
+        slots.append(
+            {
+                "site": s.name,
+                "share": s.num_train / n,
+                "rel": float((d1 - d0).norm() / d0.norm()),
+                "max": float((d1 - d0).abs().max()),
+                "steps": site_steps(cfg.train, s.num_train),
+                "ceiling": lr_sum(cfg.train, site_steps(cfg.train, s.num_train)) * s.num_train / n,
+            }
+        )
+    return {
+        "dir": run_dir,
+        "shape": tuple(ddp0.shape[1:]),
+        "init": off_diagonal(prompt_affinity(ddp0, ukp0)),
+        "uploaded": off_diagonal(torch.tensor(last["affinity"])),
+        "aggregated": off_diagonal(prompt_affinity(ddp, ukp)),
+        "pearson0": off_diagonal(pearson(ddp0)),
+        "pearson": off_diagonal(pearson(ddp)),
+        "slots": slots,
+        "ukp": None
+        if ukp0 is None
+        else (float((ukp - ukp0).norm() / ukp0.norm()), float((ukp - ukp0).abs().max())),
+        "ceiling": max(lr_sum(cfg.train, x["steps"]) for x in slots),
+        "rounds": cfg.train.rounds,
+    }
+
+
+def _r(t: tuple[float, float, float]) -> str:
+    return f"{t[0]:.3f} / {t[1]:.3f} / {t[2]:.3f}"
+
+
+def markdown(runs: list[dict[str, Any]]) -> str:
+    lines = [
+        "# FedLPPA: what bounds the prompts' movement",
+        "",
+        "Off-diagonal entries as min / mean / max. Ceiling: sum of the learning rate over the "
+        "site's local steps times its sample share (Adam-type steps move an entry by at most "
+        "about lr; FedAvg keeps n_i / n of a site's change to its own slot).",
+        "",
+        "| run | DDP slot | rounds | affinity at init | last round (uploaded) "
+        "| last (aggregated) | DDP correlation at init | DDP correlation last |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        lines.append(
+            f"| {run['dir']} | {'x'.join(map(str, run['shape']))} | {run['rounds']} "
+            f"| {_r(run['init'])} | {_r(run['uploaded'])} | "
+            f"{_r(run['aggregated'])} | {_r(run['pearson0'])} | {_r(run['pearson'])} |"
+        )
+    lines += [
+        "",
+        "| run | site | n_i / n | steps per round | DDP slot moved (rel. L2) "
+        "| largest entry change | ceiling |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        for s in run["slots"]:
+            lines.append(
+                f"| {run['dir'].name} | {s['site']} | {s['share']:.2f} | {s['steps']} "
+                f"| {s['rel']:.3f} | {s['max']:.3f} | {s['ceiling']:.3f} |"
+            )
+        if run["ukp"] is not None:
+            rel, big = run["ukp"]
+            lines.append(
+                f"| {run['dir'].name} | UKP | 1 | | {rel:.3f} | {big:.3f} | {run['ceiling']:.3f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="+", type=Path, help="FedLPPA run directories")
+    ap.add_argument("--out", type=Path, help="folder for bounds.md")
+    args = ap.parse_args()
+    text = markdown([analyse(d) for d in args.runs])
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "bounds.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
