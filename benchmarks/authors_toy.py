@@ -2,7 +2,7 @@
 
     OMP_NUM_THREADS=1 python benchmarks/authors_toy.py --authors /work/authors/FedLPPA \
         --authors-python /work/authors/venv/bin/python [--rounds 6] \
-        [--sides authors fedseg:1 fedseg:2]
+        [--sides authors fedseg:1 fedseg:2 fedseg:2:bf16 fedseg:2:off:contiguous]
 
 The toy configuration: 2 sites, 8 training images each, 64 px, batch 4, 5 local iterations
 per round, evaluation every round (4 test images per site, scored with full masks).
@@ -18,7 +18,11 @@ per round, evaluation every round (4 test images per site, scored with full mask
    (``.cuda()`` is a no-op; missing CUDA-only modules are stubs). See
    ``docs/benchmarks_authors.md``.
 3. fedseg's ``fedlppa`` runs the same configuration through ``fedseg run`` with
-   ``engine.workers`` 1 and 2 (``engine.threads: 1``).
+   ``engine.workers`` 1 and 2 (``engine.threads: 1``). A side ``fedseg:N[:AMP[:LAYOUT]]``
+   also sets ``engine.amp`` (off, bf16, auto; default: the config default) and the memory
+   layout (``channels_last`` or ``contiguous``; default: ``engine.channels_last: auto``),
+   so that the part of the gain that comes from precision and layout can be read off. The
+   authors' side runs in float32 (``--amp 0``, their default) in the contiguous layout.
 
 Every side is a fresh set of processes started from here. A round's wall time is the time
 between two round boundaries seen from here (authors: the server's ``fit_round`` log lines;
@@ -96,6 +100,8 @@ class SideResult:
     cpus: list[float] = field(default_factory=list)
     total_wall: float = 0.0
     total_cpu: float = 0.0
+    precision: str = "float32 (their --amp 0)"
+    """The arithmetic the side ran (fedseg: as its results.json records)."""
 
     def rounds(self) -> list[tuple[float, float]]:
         """(wall, CPU) of each interval between consecutive boundaries."""
@@ -342,11 +348,23 @@ def run_authors(
     return result
 
 
-def run_fedseg(toy: Toy, work: Path, fed_root: Path, workers: int, timeout: float) -> SideResult:
-    """fedseg's FedLPPA through ``fedseg run`` with ``engine.workers`` = ``workers``."""
-    name = f"fedseg:{workers}"
+SIDE = re.compile(r"fedseg:([1-9]\d*)(?::(off|bf16|auto))?(?::(channels_last|contiguous))?")
+"""A fedseg side: workers, then optionally ``engine.amp`` and the memory layout."""
+
+
+def run_fedseg(toy: Toy, work: Path, fed_root: Path, side: str, timeout: float) -> SideResult:
+    """fedseg's FedLPPA through ``fedseg run`` as ``side`` (:data:`SIDE`) says."""
+    match = SIDE.fullmatch(side)
+    assert match is not None
+    workers, amp, layout = int(match[1]), match[2], match[3]
+    engine: dict[str, object] = {"device": "cpu", "threads": toy.threads, "workers": workers}
+    if amp:
+        engine["amp"] = amp
+    if layout:
+        engine["channels_last"] = layout == "channels_last"
+    name, tag = side, side.replace(":", "_")
     config = {
-        "name": f"authors_toy_w{workers}",
+        "name": f"authors_toy_{tag}",
         "seed": toy.seed,
         "data": {"root": str(fed_root), "labels": "weak"},
         "method": {"name": "fedlppa"},
@@ -362,11 +380,11 @@ def run_fedseg(toy: Toy, work: Path, fed_root: Path, workers: int, timeout: floa
             "rotation": "paper_45",
         },
         "eval": {"every": 1, "periodic_split": "test"},
-        "engine": {"device": "cpu", "threads": toy.threads, "workers": workers},
+        "engine": engine,
     }
-    cfg = work / f"fedseg_w{workers}.yaml"
+    cfg = work / f"{tag}.yaml"
     cfg.write_text(yaml.safe_dump(config, sort_keys=False))
-    run_dir = work / f"fedseg_w{workers}"
+    run_dir = work / tag
     shutil.rmtree(run_dir, ignore_errors=True)
     env = dict(os.environ, OMP_NUM_THREADS=str(toy.threads), MKL_NUM_THREADS=str(toy.threads))
     fedseg = Path(sys.executable).with_name("fedseg")
@@ -382,7 +400,7 @@ def run_fedseg(toy: Toy, work: Path, fed_root: Path, workers: int, timeout: floa
     result.walls.append(0.0)
     result.cpus.append(0.0)
     try:
-        run = procs["run"] = _launch(cmd, work, env, work / f"fedseg_w{workers}.out")
+        run = procs["run"] = _launch(cmd, work, env, work / f"{tag}.out")
         ends = toy.rounds - 1  # rounds.jsonl lines before the exit
         _watch(procs, lambda: min(appended(), ends), partial(_exited, run), result, t0, timeout)
         result.total_wall = time.perf_counter() - t0  # the exit: round N + final evaluation
@@ -394,6 +412,9 @@ def run_fedseg(toy: Toy, work: Path, fed_root: Path, workers: int, timeout: floa
     result.total_cpu = _children_cpu() - c0
     result.walls.append(result.total_wall)
     result.cpus.append(result.total_cpu)
+    used = json.loads((run_dir / "results.json").read_text())["precision"]
+    arithmetic = {"off": "float32"}.get(used["amp"], f"{used['amp']} autocast")
+    result.precision = arithmetic + (", channels-last" if used["channels_last"] else "")
     return result
 
 
@@ -419,6 +440,7 @@ def summarise(toy: Toy, results: list[SideResult], first: int = 2) -> dict[str, 
             "median_cpu_s": statistics.median(c for _, c in steady),
             "total_wall_s": res.total_wall,
             "total_cpu_s": res.total_cpu,
+            "precision": res.precision,
         }
     return out
 
@@ -446,16 +468,17 @@ def main() -> None:
     )
     ap.add_argument(
         "--sides", nargs="+", default=["authors", "fedseg:1", "fedseg:2"],
-        help="authors and/or fedseg:N (N = engine.workers)",
+        help="authors and/or fedseg:N[:AMP[:LAYOUT]] (N = engine.workers; AMP off, bf16 or "
+        "auto; LAYOUT channels_last or contiguous)",
     )  # fmt: skip
     args = ap.parse_args()
     if args.rounds < 2:
         ap.error("--rounds must be at least 2 (round 1 holds start-up)")
     if not 2 <= args.from_round <= max(2, args.rounds - 1):
         ap.error("--from-round must lie in 2 .. rounds - 1")
-    bad = [s for s in args.sides if s != "authors" and not re.fullmatch(r"fedseg:[1-9]\d*", s)]
+    bad = [s for s in args.sides if s != "authors" and not SIDE.fullmatch(s)]
     if bad:
-        ap.error(f"--sides: unknown sides {bad} (authors, fedseg:N)")
+        ap.error(f"--sides: unknown sides {bad} (authors, fedseg:N[:AMP[:LAYOUT]])")
     code = args.authors / "code_v4"
     if "authors" in args.sides and not (code / "flower_pCE_2D_v4_FedLPPA.py").is_file():
         ap.error(f"--authors: {code}/flower_pCE_2D_v4_FedLPPA.py not found")
@@ -476,7 +499,7 @@ def main() -> None:
                 toy, args.work, h5_root, sup_types, code, args.authors_python, args.timeout
             )
         else:
-            res = run_fedseg(toy, args.work, fed_root, int(side.split(":")[1]), args.timeout)
+            res = run_fedseg(toy, args.work, fed_root, side, args.timeout)
         results.append(res)
         print(
             f"{side}: {res.total_wall:.1f} s wall, {res.total_cpu:.1f} s CPU in all; "
@@ -488,15 +511,17 @@ def main() -> None:
     base = summary.get("authors")
     first, last = args.from_round, max(2, toy.rounds - 1)
     print(
-        "\n| side | launch to end of round 1 s | wall s/round | CPU s/round | wall speed-up "
-        "vs authors | CPU authors/side | every round (wall, CPU) |\n|---|---|---|---|---|---|---|"
+        "\n| side | precision | launch to end of round 1 s | wall s/round | CPU s/round | wall "
+        "speed-up vs authors | CPU authors/side | every round (wall, CPU) |\n"
+        "|---|---|---|---|---|---|---|---|"
     )
     for name, s in summary.items():
         wall, cpu = float(s["median_wall_s"]), float(s["median_cpu_s"])  # type: ignore[arg-type]
         speed = f"{float(base['median_wall_s']) / wall:.2f}" if base else "-"  # type: ignore[arg-type]
         ratio = f"{float(base['median_cpu_s']) / cpu:.2f}" if base else "-"  # type: ignore[arg-type]
         print(
-            f"| {name} | {s['to_end_of_round_1_s']:.1f} | {wall:.3f} | {cpu:.3f} | {speed} "
+            f"| {name} | {s['precision']} | {s['to_end_of_round_1_s']:.1f} | {wall:.3f} "
+            f"| {cpu:.3f} | {speed} "
             f"| {ratio} | {s['rounds']} |"
         )
     print(

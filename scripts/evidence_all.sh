@@ -10,7 +10,8 @@ tables=(
   "fedlppa table3" "fedlppa table2" "pancreas3d table2" "fedbcs table1-prostate"
   "fedbcs table1-nuclei" "vc table1-fundus" "vc table1-polyp"
   "fedlppa table6" "fedlppa table7" "fedlppa table8" "fedlppa fig9"
-  "fedbcs table2-prostate" "fedbcs table2-nuclei" "fedbcs tau-prostate" "fedbcs tau-nuclei"
+  "fedbcs table2-prostate" "fedbcs table2-nuclei" "fedbcs table3" "fedbcs tau-prostate"
+  "fedbcs tau-nuclei" "fedbcs fig4b"
   "vc table2" "vc table2-polyp" "vc table3" "vc table3-polyp"
 )
 for pt in "${tables[@]}"; do
