@@ -75,7 +75,7 @@ def run(
                 )
             if not (resume / "config.yaml").is_file():
                 raise ConfigError(f"--resume {resume}: no fedseg run there (no config.yaml)")
-            cfg = load_config(resume / "config.yaml", set_ or [])
+            cfg = load_config(resume / "config.yaml", set_ or [], run_dump=True)
             run_dir = resume
         elif config is not None:
             cfg = load_config(config, set_ or [])

@@ -279,8 +279,21 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return raw
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
-    """Read, override and validate a YAML run configuration (a file or a shipped name).
+def from_run_dump(raw: dict[str, Any]) -> dict[str, Any]:
+    """A run directory's ``config.yaml`` as :func:`parse_config` takes it. Dumps written
+    before 2026-11-25 also hold the inactive ``train.local_iters`` beside
+    ``train.local_epochs``, which a config written by hand may not."""
+    train = raw.get("train")
+    if isinstance(train, dict) and train.get("local_epochs") is not None:
+        raw = {**raw, "train": {k: v for k, v in train.items() if k != "local_iters"}}
+    return raw
+
+
+def load_config(
+    path: str | Path, overrides: list[str] | None = None, *, run_dump: bool = False
+) -> RunConfig:
+    """Read, override and validate a YAML run configuration (a file or a shipped name;
+    ``run_dump``: a run directory's ``config.yaml``, see :func:`from_run_dump`).
 
     Relative ``data.root`` paths are taken relative to the current directory.
     """
@@ -289,6 +302,8 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if run_dump and isinstance(raw, dict):
+        raw = from_run_dump(raw)
     return parse_config(apply_overrides(raw, overrides or []), str(path))
 
 

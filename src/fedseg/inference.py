@@ -139,7 +139,7 @@ class RunModels:
         rd = RunDir(Path(run_dir))
         if not rd.config.is_file():
             raise ConfigError(f"{rd.path}: no fedseg run directory (no config.yaml)")
-        cfg = load_config(rd.config)
+        cfg = load_config(rd.config, run_dump=True)
         if data_root is not None:
             data = cfg.data.model_copy(update={"root": Path(data_root)})
             cfg = cfg.model_copy(update={"data": data})

@@ -143,3 +143,46 @@ def test_cosine_schedule_and_dice_loss():
     perfect = torch.nn.functional.one_hot(labels, 2).permute(0, 3, 1, 2).float() * 50
     assert 0 < float(loss(logits, labels)) < 1 and float(loss(perfect, labels)) < 1e-3
     assert train_steps(sim.model, ctx, iters=1)["loss"] > 0
+
+
+def test_an_epoch_based_run_resumes_from_its_own_config_yaml(tmp_path: Path):
+    """The dump of a ``local_epochs`` config parses again (it used to hold the inactive
+    ``local_iters`` too, which the validator refuses), so ``--resume``, ``predict`` and the
+    reuse of finished runs work for such runs; dumps written before the fix are still read."""
+    from fedseg.config import dump_config, load_config
+    from fedseg.data.synth import synthesize
+    from fedseg.engine.runner import InProcessRunner
+    from fedseg.reproduce.harness import finished_run
+
+    root = tmp_path / "fed"
+    synthesize("fundus", root, sites=2, size=32, per_site=8, seed=0)
+    raw = {
+        "seed": 1,
+        "data": {"root": str(root)},
+        "train": {"rounds": 3, "local_epochs": 1, "batch_size": 4},
+    }
+    cfg = parse_config(raw)
+    assert "local_iters" not in yaml.safe_load(dump_config(cfg))["train"]
+    assert parse_config(yaml.safe_load(dump_config(cfg))) == cfg
+
+    class Crash(Exception):
+        pass
+
+    def crash(record: dict) -> None:
+        if record["round"] == 1:
+            raise Crash
+
+    run = tmp_path / "run"
+    with pytest.raises(Crash):
+        InProcessRunner(cfg, run).run(on_round=crash)
+    out = CliRunner().invoke(app, ["run", "--resume", str(run)])
+    assert out.exit_code == 0, out.output
+    assert finished_run(run, cfg)
+    # a config.yaml written before the fix holds both fields and still reads as the run's
+    old = yaml.safe_load((run / "config.yaml").read_text())
+    old["train"]["local_iters"] = 10
+    (run / "config.yaml").write_text(yaml.safe_dump(old))
+    assert load_config(run / "config.yaml", run_dump=True) == cfg
+    assert finished_run(run, cfg)
+    with pytest.raises(ConfigError, match="not both"):
+        load_config(run / "config.yaml")

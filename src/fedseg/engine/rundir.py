@@ -18,6 +18,7 @@ from typing import Any, BinaryIO
 import torch
 import yaml
 
+from fedseg.config import from_run_dump
 from fedseg.errors import ConfigError
 
 __all__ = [
@@ -192,7 +193,7 @@ class RunDir:
             raise ConfigError(f"{self.config}: cannot read the run's config: {e}") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{self.config}: expected a mapping, got {type(raw).__name__}")
-        return raw
+        return from_run_dump(raw)
 
     def record_resume(self, after_round: int, config_yaml: str, changes: dict[str, Any]) -> None:
         """Keep the resumed config as ``config.yaml`` and log what changed."""

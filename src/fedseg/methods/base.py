@@ -13,7 +13,16 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, NamedTuple, Protocol
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 from torch import nn
 
 from fedseg.errors import ConfigError, UploadError
@@ -128,6 +137,14 @@ class TrainSettings(BaseModel):
         if self.local_epochs is not None and "local_iters" in self.model_fields_set:
             raise ValueError("set local_iters or local_epochs, not both")
         return self
+
+    @model_serializer(mode="wrap")
+    def _without_inactive_iters(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A dump holds ``local_iters`` only where it counts, so that it parses again."""
+        data = handler(self)
+        if self.local_epochs is not None:
+            data.pop("local_iters", None)
+        return data
 
 
 def batches_per_epoch(num_samples: int, batch_size: int) -> int:

@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from fedseg.config import from_run_dump
 from fedseg.errors import ConfigError
 
 __all__ = ["Run", "SiteFacts", "flat_config", "load_run", "read_rounds", "site_facts"]
@@ -63,7 +64,9 @@ def load_run(run_dir: Path) -> Run:
     try:
         results = json.loads(path.read_text())
         cfg_path = run_dir / "config.yaml"
-        config = yaml.safe_load(cfg_path.read_text()) if cfg_path.is_file() else {}
+        config = (
+            from_run_dump(yaml.safe_load(cfg_path.read_text()) or {}) if cfg_path.is_file() else {}
+        )
     except (json.JSONDecodeError, yaml.YAMLError) as e:
         raise ConfigError(f"{run_dir}: unreadable run file: {e}") from e
     return Run(run_dir, config or {}, results, read_rounds(run_dir))

@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from fedseg.config import RunConfig, apply_overrides, parse_config
+from fedseg.config import RunConfig, apply_overrides, from_run_dump, parse_config
 from fedseg.configs import resolve_config
 from fedseg.errors import ConfigError
 from fedseg.reproduce.evidence import write_index, write_table
@@ -134,7 +134,7 @@ def finished_run(run_dir: Path, cfg: RunConfig) -> bool:
     if not all((run_dir / f).is_file() for f in ("config.yaml", "results.json", "cases.csv")):
         return False
     try:
-        stored = parse_config(yaml.safe_load(done.read_text()) or {}, str(done))
+        stored = parse_config(from_run_dump(yaml.safe_load(done.read_text()) or {}), str(done))
     except (ConfigError, yaml.YAMLError):
         return False
     return _comparable(stored) == _comparable(cfg)

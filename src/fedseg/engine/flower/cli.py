@@ -46,7 +46,7 @@ def _config(config: Path | None, resume: Path | None, set_: list[str] | None):
     from fedseg.config import load_config
 
     if resume is not None:
-        return load_config(resume / "config.yaml", set_ or [])
+        return load_config(resume / "config.yaml", set_ or [], run_dump=True)
     if config is None:
         raise typer.BadParameter("give a CONFIG or --resume RUN_DIR")
     return load_config(config, set_ or [])
