@@ -13,7 +13,12 @@ value) it reports, for ``--metric``:
   seed and cases in both precisions), with its sample SD over seeds;
 - ``mean |case diff|``: the mean absolute per-case difference over cases and seeds;
 - ``fp32 seed SD``: the sample SD over seeds of the float32 run means, and the mean per-case
-  SD over seeds: the noise a precision change has to stay inside.
+  SD over seeds: the noise a precision change has to stay inside;
+- the paired test of :mod:`fedseg.reporting.stats` over test cases (each case averaged over
+  regions and seeds, as ``fedseg reproduce`` compares rows): median bf16 - fp32 difference
+  with its bootstrap 95 % interval, Wilcoxon p and the number of pairs.
+
+DSC values are in points (0-100), as the papers give them.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import yaml
 
 from fedseg.config import apply_overrides
 from fedseg.configs import resolve_config
+from fedseg.reporting.stats import Paired, case_values, format_p, paired, seed_mean
 from fedseg.reproduce import run_config
 
 CONFIGS = [
@@ -54,10 +60,11 @@ def read_cases(run_dir: Path, metric: str) -> dict[Case, float]:
 
 def run_all(
     name: str, seeds: list[int], out: Path, overrides: list[str], metric: str
-) -> dict[tuple[str, int], dict[Case, float]]:
-    """Cases of every (precision, seed) run of config ``name``."""
+) -> tuple[dict[tuple[str, int], dict[Case, float]], Paired]:
+    """Cases of every (precision, seed) run of config ``name``, and bf16 against fp32 on
+    the seed means of each test case."""
     path = resolve_config(name)
-    runs = {}
+    runs, per_case = {}, {}
     for seed in seeds:
         for amp in PRECISIONS:
             raw = yaml.safe_load(path.read_text()) or {}
@@ -65,7 +72,9 @@ def run_all(
             run_dir = out / name.replace("/", "-") / f"{amp}-seed{seed}"
             run_config(raw, run_dir, str(path))
             runs[amp, seed] = read_cases(run_dir, metric)
-    return runs
+            per_case.setdefault(amp, []).append(case_values(run_dir / "cases.csv", metric))
+    means = {amp: seed_mean(v, f"{name} {amp}") for amp, v in per_case.items()}
+    return runs, paired(means["bf16"], means["off"], f"{name}: bf16 vs fp32")
 
 
 def _sd(values: list[float]) -> float:
@@ -87,11 +96,14 @@ def summarize(runs: dict[tuple[str, int], dict[Case, float]], seeds: list[int]) 
     cases = runs["off", seeds[0]].keys()
     per_case = [_sd([runs["off", s][c] for s in seeds]) for c in cases]
     return [
-        statistics.fmean(diffs),
-        _sd(diffs),
-        statistics.fmean(abs_case),
-        _sd(means),
-        statistics.fmean(per_case),
+        100 * x
+        for x in (
+            statistics.fmean(diffs),
+            _sd(diffs),
+            statistics.fmean(abs_case),
+            _sd(means),
+            statistics.fmean(per_case),
+        )
     ]
 
 
@@ -105,14 +117,17 @@ def main() -> None:
     args = ap.parse_args()
     print(
         f"| config | bf16 - fp32 ({args.metric}, mean over {len(args.seeds)} seeds ± SD) "
-        "| mean abs case diff | fp32 seed SD (run means) | fp32 seed SD (per case) |\n"
-        "|---|---|---|---|---|"
+        "| mean abs case diff | fp32 seed SD (run means) | fp32 seed SD (per case) "
+        "| paired over cases: median [95 % CI], p, pairs | within the seed SD |\n"
+        "|---|---|---|---|---|---|---|"
     )
     for name in args.configs:
-        runs = run_all(name, args.seeds, args.out, args.overrides, args.metric)
+        runs, test = run_all(name, args.seeds, args.out, args.overrides, args.metric)
         d, d_sd, abs_case, sd_runs, sd_case = summarize(runs, args.seeds)
         print(
-            f"| {name} | {d:+.4f} ± {d_sd:.4f} | {abs_case:.4f} | {sd_runs:.4f} | {sd_case:.4f} |",
+            f"| {name} | {d:+.2f} ± {d_sd:.2f} | {abs_case:.2f} | {sd_runs:.2f} | {sd_case:.2f} "
+            f"| {test.median:+.2f} [{test.low:+.2f}, {test.high:+.2f}], p {format_p(test.p)}, "
+            f"{test.pairs} | {'yes' if abs(d) <= sd_runs else 'no'} |",
             flush=True,
         )
 

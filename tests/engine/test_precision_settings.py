@@ -15,6 +15,7 @@ from fedseg.errors import ConfigError
 from fedseg.evaluation import predict
 from fedseg.methods.training import Precision
 from fedseg.models import parse_model
+from fedseg.reproduce.harness import finished_run
 
 CPU = torch.device("cpu")
 
@@ -61,11 +62,16 @@ def test_auto_resolves_from_the_cpu_flags_and_the_network(monkeypatch):
     monkeypatch.setattr(training, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
     assert Precision("auto", "auto").resolve(unet, 2, CPU) == Precision("bf16", True)
     monkeypatch.setattr(training, "cpu_flags", lambda: frozenset({"amx_bf16"}))
-    assert Precision("auto", "auto").resolve(unet, 3, CPU) == Precision("bf16", False)
+    # 3D networks stay float32 and contiguous under auto (not compared over seeds); bf16 forced
+    assert Precision("auto", "auto").resolve(unet, 3, CPU) == Precision("off", False)
+    assert Precision("bf16", "auto").resolve(unet, 3, CPU) == Precision("bf16", False)
     assert Precision("off", True).resolve(unet, 3, CPU) == Precision("off", True)  # explicit
     assert Precision("auto", False).resolve(unet, 2, torch.device("mps")).amp == "off"
-    pvt = parse_model({"name": "pvtv2_fpn"})  # measured no faster in channels-last
+    # a method whose 3-seed comparison failed keeps float32 under auto
+    assert Precision("auto", "auto").resolve(unet, 2, CPU, method_bf16=False).amp == "off"
+    pvt = parse_model({"name": "pvtv2_fpn"})  # measured no faster in channels-last or bf16
     assert Precision("off", "auto").resolve(pvt, 2, CPU) == Precision("off", False)
+    assert Precision("auto", "auto").resolve(pvt, 2, CPU) == Precision("off", False)
     with pytest.raises(ConfigError, match=r"engine\.amp"), training.precision("auto"):  # type: ignore[arg-type]
         pass
 
@@ -84,8 +90,12 @@ def test_results_record_the_precision_the_run_used(tmp_path, monkeypatch, flags)
     cfg = parse_config(_raw(tmp_path, amp="auto"))
     res = InProcessRunner(cfg, tmp_path / "run").run()
     amp = "bf16" if flags else "off"
-    assert res["precision"] == {"amp": amp, "channels_last": True}
+    assert res["precision"] == {"amp": amp, "channels_last": True, "native_bf16": bool(flags)}
     assert seen and set(seen) == {amp}  # every site step ran at the recorded precision
+    # reproduce reuses an auto run only on hardware where auto resolves the same way
+    assert finished_run(tmp_path / "run", cfg)
+    monkeypatch.setattr(training, "cpu_flags", lambda: frozenset({"amx_bf16"} - flags))
+    assert not finished_run(tmp_path / "run", cfg)
 
 
 def _tensors(obj: object) -> list[torch.Tensor]:
@@ -140,7 +150,7 @@ def test_3d_unet_trains_finite_under_bf16_and_channels_last(tmp_path, monkeypatc
     server = RunDir(tmp_path / "p3d").load_checkpoint()["server"]
     weights = [t for t in _tensors(server) if t.is_floating_point()]
     assert weights and all(torch.isfinite(t).all() for t in weights)
-    assert res["precision"] == {"amp": "bf16", "channels_last": True}
+    assert res["precision"] == {"amp": "bf16", "channels_last": True, "native_bf16": True}
 
 
 def test_prediction_in_inference_mode_leaves_a_trainable_model():

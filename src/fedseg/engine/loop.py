@@ -31,7 +31,7 @@ from fedseg.engine.worker import EvalReply, TrainReply
 from fedseg.errors import ConfigError, FedsegError, UploadError
 from fedseg.methods import FederationSpec
 from fedseg.methods.base import Aggregator, Payload, payload_size
-from fedseg.methods.training import Precision
+from fedseg.methods.training import Precision, native_bf16
 from fedseg.privacy import privacy_report, rounds_within_budget
 from fedseg.privacy.central import NoisySum
 from fedseg.tracking import round_listener
@@ -421,10 +421,15 @@ class Federation:
             participation=_participation(loop.server.spec.site_names, rounds),
             eval_failures=failures,
         )
+        method, device = loop.server.method, resolve_device(cfg.engine.device)
         used = Precision(cfg.engine.amp, cfg.engine.channels_last).resolve(
-            loop.server.method.model_cfg, self.spec.ndim, resolve_device(cfg.engine.device)
+            method.model_cfg, self.spec.ndim, device, method.bf16_auto
         )
-        results["precision"] = {"amp": used.amp, "channels_last": used.channels_last}
+        results["precision"] = {
+            "amp": used.amp,
+            "channels_last": used.channels_last,
+            "native_bf16": native_bf16(device),
+        }
         if cfg.privacy.enabled:
             results["privacy"] = privacy_report(cfg.privacy, rounds)
         self.dir.write_results(results)

@@ -147,7 +147,7 @@ class SiteWorker:
     ) -> None:
         self.method, self.data, self.train_cfg = method, data, train
         self.precision = (precision or Precision()).resolve(
-            method.model_cfg, method.spec.ndim, device
+            method.model_cfg, method.spec.ndim, device, method.bf16_auto
         )
         """Autocast and memory format of this site's forwards (``engine.amp``,
         ``engine.channels_last``, ``auto`` resolved for the network and device)."""

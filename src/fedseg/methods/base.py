@@ -342,6 +342,11 @@ class Method(ABC):
     """True when each site is evaluated with its own model."""
     pooled: ClassVar[bool] = False
     """True when the engine trains one virtual site on the union of all training data."""
+    bf16_auto: ClassVar[bool] = True
+    """Whether ``engine.amp: auto`` may train this method in bf16: False where the 3-seed
+    float32/bf16 comparison moved the method by more than its seed spread
+    (docs/benchmarks_speed.md). Methods not compared share the training loop of one that
+    was (FedAvg's ``train_steps``) and follow it."""
     summary: ClassVar[str] = ""
 
     def __init__(

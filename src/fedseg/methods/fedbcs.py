@@ -239,6 +239,9 @@ class FedBCS(Method):
 
     config: Config
     summary = "FedBCS: FSR in the encoder + dual-level FINCH prototypes (L_contra + L_consis)"
+    bf16_auto = False
+    """float32 under ``engine.amp: auto`` until its 3-seed float32/bf16 comparison is in
+    (docs/benchmarks_speed.md)."""
 
     def __init__(
         self, config: Config, spec: FederationSpec, model: ModelConfig | None = None

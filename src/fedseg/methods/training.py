@@ -48,7 +48,8 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 Amp = Literal["off", "auto", "bf16", "fp16"]
-"""``engine.amp``: ``auto`` is bf16 where the device computes it natively, else off."""
+"""``engine.amp``: ``auto`` is bf16 where the device computes it natively and the network
+and method were shown to train alike in it (docs/benchmarks_speed.md), else off."""
 
 
 @dataclass(frozen=True)
@@ -59,13 +60,19 @@ class Precision:
     amp: Amp = "off"
     channels_last: bool | Literal["auto"] = False
 
-    def resolve(self, model: ModelConfig, ndim: int, device: torch.device) -> Precision:
+    def resolve(
+        self, model: ModelConfig, ndim: int, device: torch.device, method_bf16: bool = True
+    ) -> Precision:
         """The concrete precision for ``model`` (``ndim``-D) on ``device``: ``amp: auto`` is
-        ``bf16`` where :func:`native_bf16`, else ``off``; ``channels_last: auto`` is the
-        network's :meth:`~fedseg.models.ModelConfig.channels_last_faster`."""
+        ``bf16`` where :func:`native_bf16` and where bf16 was shown not to move results,
+        for the network (:meth:`~fedseg.models.ModelConfig.bf16_auto`) and the method
+        (``method_bf16``, :attr:`fedseg.methods.Method.bf16_auto`), else ``off``;
+        ``channels_last: auto`` is the network's
+        :meth:`~fedseg.models.ModelConfig.channels_last_faster`."""
         amp = self.amp
         if amp == "auto":
-            amp = "bf16" if native_bf16(device) else "off"
+            chosen = native_bf16(device) and model.bf16_auto(ndim) and method_bf16
+            amp = "bf16" if chosen else "off"
         cl = self.channels_last
         if cl == "auto":
             cl = model.channels_last_faster(ndim)

@@ -267,6 +267,11 @@ class PVTv2FPNConfig(ModelConfig):
         evaluation is slower (docs/benchmarks_speed.md)."""
         return False
 
+    def bf16_auto(self, ndim: int) -> bool:
+        """No: bf16 does not speed the PVTv2-FPN up at these sizes (162 -> 156 ms per step,
+        docs/benchmarks_speed.md) and it was not compared with float32 over seeds."""
+        return False
+
     def build(
         self, in_channels: int, num_classes: int, ndim: int, *, paa: bool = False
     ) -> PVTv2FPN:

@@ -38,6 +38,14 @@ class ModelConfig(BaseModel):
         contiguous (docs/config.md, issue 29). A network measured otherwise overrides this."""
         return ndim == 2
 
+    def bf16_auto(self, ndim: int) -> bool:
+        """Whether ``engine.amp: auto`` may run this network in bf16 (where the hardware
+        computes it natively): 2D convolutional networks, which train 1.3-1.8x faster in it
+        and whose results moved less than their seed spread over 3 seeds
+        (docs/benchmarks_speed.md); 3D networks stay float32 under ``auto`` (not compared
+        over seeds; docs/config.md, issue 29). ``engine.amp: bf16`` forces it anywhere."""
+        return ndim == 2
+
 
 MODELS: Registry[type[ModelConfig]] = Registry("model")
 register_model = MODELS.register

@@ -28,7 +28,9 @@ import yaml
 
 from fedseg.config import RunConfig, apply_overrides, from_run_dump, parse_config
 from fedseg.configs import resolve_config
+from fedseg.engine.device import resolve_device
 from fedseg.errors import ConfigError
+from fedseg.methods.training import native_bf16
 from fedseg.reproduce.evidence import write_index, write_table
 from fedseg.reproduce.papers import Paper, PaperRow, PaperTable, load_paper
 from fedseg.reproduce.rows import Reproduction, RowResult
@@ -129,7 +131,9 @@ def finished_run(run_dir: Path, cfg: RunConfig) -> bool:
     """Whether ``run_dir`` holds a finished run of ``cfg``: its results, cases and a config
     that resolves to the same settings (a setting added since, at its default, still
     matches; a changed default does not; engine settings that leave the numbers unchanged,
-    :data:`RESULT_NEUTRAL_ENGINE`, are not compared)."""
+    :data:`RESULT_NEUTRAL_ENGINE`, are not compared). Under ``engine.amp: auto`` the run
+    must also have been made on hardware that, like this one, does (or does not) compute
+    bf16 natively: ``auto`` resolves differently there."""
     done = run_dir / "config.yaml"
     if not all((run_dir / f).is_file() for f in ("config.yaml", "results.json", "cases.csv")):
         return False
@@ -137,7 +141,12 @@ def finished_run(run_dir: Path, cfg: RunConfig) -> bool:
         stored = parse_config(from_run_dump(yaml.safe_load(done.read_text()) or {}), str(done))
     except (ConfigError, yaml.YAMLError):
         return False
-    return _comparable(stored) == _comparable(cfg)
+    if _comparable(stored) != _comparable(cfg):
+        return False
+    if cfg.engine.amp != "auto":
+        return True
+    used = json.loads((run_dir / "results.json").read_text()).get("precision") or {}
+    return used.get("native_bf16") == native_bf16(resolve_device(cfg.engine.device))
 
 
 def run_config(raw: dict[str, Any], run_dir: Path, source: str = "<config>") -> dict[str, Any]:

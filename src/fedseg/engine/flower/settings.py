@@ -204,4 +204,3 @@ clientapp = "fedseg.engine.flower.client_app:app"
 [tool.flwr.app.config]
 {config}
 """
-
