@@ -94,10 +94,12 @@ class EngineSettings(_Strict):
     """``auto`` (CUDA when available), ``cpu``, ``cuda``, ``cuda:N`` or ``mps``."""
     checkpoint_every: int = Field(1, ge=1)
     """Write the resumable checkpoint every N rounds (the last round always)."""
-    amp: Literal["off", "auto", "bf16", "fp16"] = "off"
+    amp: Literal["off", "auto", "bf16", "fp16"] = "auto"
     """Mixed precision for training and evaluation forwards: ``bf16`` or ``fp16`` autocast
-    (``fp16`` with a gradient scaler, CUDA only; ``bf16`` also on CPU); ``auto``: ``bf16``
-    where the device computes it natively, else off. ``false``/``true`` mean off/auto."""
+    (``fp16`` with a gradient scaler, CUDA only; ``bf16`` also on CPU); ``auto`` (default):
+    ``bf16`` where the device computes it natively and the network and method were shown to
+    train alike in it over 3 seeds (2D networks; docs/benchmarks_speed.md), else off.
+    ``false``/``true`` mean off/auto."""
     channels_last: Literal["auto"] | bool = "auto"
     """Run convolutions in channels-last memory format (model and inputs); ``auto``: where
     measured faster for the network (2D networks; docs/benchmarks_speed.md)."""

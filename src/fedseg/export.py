@@ -25,11 +25,12 @@ from typing import Any
 import torch
 import yaml
 
-from fedseg.config import dump_config, parse_config
+from fedseg.config import dump_config, from_run_dump, parse_config
 from fedseg.engine.server import make_method, spec_from_json, spec_to_json
 from fedseg.engine.worker import initial_model
 from fedseg.errors import ConfigError, DataError
 from fedseg.inference import GLOBAL, ModelInfo, RunModels, SiteModel, label_map_module, labels_of
+from fedseg.methods.training import Precision
 from fedseg.onnx_model import OnnxLabelMaps, onnx_path, write_onnx
 
 __all__ = ["FORMAT", "export_run", "load_exported"]
@@ -89,7 +90,7 @@ def _rebuildable(
         fresh.load_state_dict(state, strict=True)
     except (RuntimeError, KeyError):
         return False
-    rebuilt = SiteModel(fresh, sm.segment, sm.info, sm.device)
+    rebuilt = SiteModel(fresh, sm.segment, sm.info, sm.device, sm.precision)
     return bool(torch.equal(rebuilt.label_maps(probe), sm.label_maps(probe)))
 
 
@@ -104,12 +105,16 @@ def load_exported(path: str | Path, device: torch.device | str = "cpu") -> SiteM
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise DataError(f"{path}: not a fedseg export (expected format {FORMAT!r})")
     info, device = ModelInfo.from_dict(record["info"]), torch.device(device)
-    cfg = parse_config(record["config"], str(path))
-    method = make_method(cfg, spec_from_json(record["spec"]))
+    cfg = parse_config(from_run_dump(record["config"]), str(path))
+    spec = spec_from_json(record["spec"])
+    method = make_method(cfg, spec)
     if record["rebuildable"]:
         model = initial_model(method, cfg.seed, device)
         model.load_state_dict(record["state_dict"])
-        return SiteModel(model.eval(), method.segment, info, device)
+        used = Precision(cfg.engine.amp, cfg.engine.channels_last).resolve(
+            method.model_cfg, spec.ndim, device, method.bf16_auto
+        )
+        return SiteModel(model.eval(), method.segment, info, device, used)
     onnx_file = onnx_path(path)
     if not onnx_file.is_file():
         raise ConfigError(

@@ -40,6 +40,7 @@ from fedseg.engine.worker import initial_model
 from fedseg.errors import ConfigError, DataError, FedsegError
 from fedseg.evaluation import Segmenter, predict
 from fedseg.methods import FederationSpec, Method
+from fedseg.methods.training import Precision, precision
 
 __all__ = [
     "GLOBAL",
@@ -102,10 +103,14 @@ class SiteModel:
     segment: Segmenter
     info: ModelInfo
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    precision: Precision = field(default_factory=Precision)
+    """The resolved ``engine.amp``/``engine.channels_last`` of the run on this device: the
+    forwards run as the run's evaluation ran them."""
 
     def label_maps(self, images: torch.Tensor, batch_size: int = 16) -> torch.Tensor:
         """Label maps (int64, on the CPU) of ``images``, in batches of ``batch_size``."""
-        return predict(self.model, images, batch_size, self.device, self.segment)
+        with precision(self.precision.amp, bool(self.precision.channels_last)):
+            return predict(self.model, images, batch_size, self.device, self.segment)
 
 
 class _LabelMap(nn.Module):
@@ -193,6 +198,7 @@ class RunModels:
             seed=self.cfg.seed,
             device=self.device,
             eval_batch_size=self.cfg.eval.batch_size,
+            precision=Precision(self.cfg.engine.amp, self.cfg.engine.channels_last),
             **site_state_settings(self.cfg, self.dir.path),
         )
         link.bind(self.method, self._run_uid)
@@ -231,11 +237,14 @@ class RunModels:
             raise ConfigError(f"--site {site!r} is no site of this run; sites: {self.site_names}")
         link = self.link
         key = site if site in link.workers else next(iter(link.workers))  # pooled training
-        model = link.workers[key].eval_model(
-            self.round, self.server.payloads[key], self.sites[site]
-        )
+        worker = link.workers[key]
+        model = worker.eval_model(self.round, self.server.payloads[key], self.sites[site])
         return SiteModel(
-            copy.deepcopy(model).eval(), self.method.segment, self.info(site), self.device
+            copy.deepcopy(model).eval(),
+            self.method.segment,
+            self.info(site),
+            self.device,
+            worker.precision,
         )
 
     def global_model(self) -> SiteModel | None:
@@ -253,7 +262,8 @@ class RunModels:
             model.load_state_dict(next(iter(payloads.values())).tensors, strict=True)
         except (RuntimeError, KeyError):
             return None
-        return SiteModel(model.eval(), self.method.segment, self.info(GLOBAL), self.device)
+        used = next(iter(self.link.workers.values())).precision
+        return SiteModel(model.eval(), self.method.segment, self.info(GLOBAL), self.device, used)
 
     def model_names(self) -> list[str]:
         """Every site, plus ``global`` when the method has a global model."""

@@ -54,6 +54,9 @@ def test_uniformity_is_lower_for_spread_embeddings():
     d2 = torch.tensor([1.0, 4.0, 5.0])  # median 4; the 3 self-pairs count exp(0) = 1
     torch.testing.assert_close(uniformity_loss(z), 1 / 3 + 2 / 9 * (-d2 / 4.0).exp().sum())
     assert float(uniformity_loss(torch.ones(5, 3))) == 0.0  # no pair apart
+    # bf16 features (engine.amp) are scored in float32: pdist has no bf16 kernel
+    z16 = spread.to(torch.bfloat16)
+    torch.testing.assert_close(uniformity_loss(z16), uniformity_loss(z16.float()))
 
 
 def test_local_training_reports_both_regularisers_and_coefficients_scale_them():

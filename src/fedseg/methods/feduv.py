@@ -47,7 +47,9 @@ def uniformity_loss(z: torch.Tensor, weights: torch.Tensor | None = None) -> tor
     """FedUV's uniformity of embeddings ``[N, D]``: ``sum_ij w_i w_j exp(-d_ij^2 / sigma)``
     over all ordered pairs, ``i = j`` included (``weights`` default uniform, summing to 1),
     with sigma the ``w_i w_j``-weighted median of the non-zero squared distances (0 when no
-    pair is apart). Repeating a row with its weight split leaves it unchanged."""
+    pair is apart). Repeating a row with its weight split leaves it unchanged. Computed in
+    float32 (``pdist`` has no bf16 kernel; distances need the precision under autocast)."""
+    z = z.float()
     n = len(z)
     w = _uniform(n, z) if weights is None else weights.to(z)
     d2 = torch.pdist(z, p=2).pow(2)  # pairs i < j, row-major
