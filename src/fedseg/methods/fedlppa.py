@@ -209,9 +209,6 @@ class FedLPPA(Method):
     Config = FedLPPAConfig
     partition = Partition(download_only=("aux_decoder.*",))
     personalized = True
-    bf16_auto = False
-    """float32 under ``engine.amp: auto`` until its 3-seed float32/bf16 comparison is in
-    (docs/benchmarks_speed.md)."""
     summary = (
         "FedLPPA: global encoder + TDF prompts, personal main/aux decoders with prompt-"
         "similarity aux aggregation, learnable aggregation and dual-decoder pseudo labels"
