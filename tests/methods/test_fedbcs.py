@@ -55,6 +55,26 @@ def test_dual_level_embeddings_on_harmofl_unet():
     assert emb["dec"].shape == (2, 768, 8, 8)  # dec3's resolution, H/4
 
 
+def test_fusion_equals_the_concatenated_form_of_eqs_10_11():
+    """The fusion runs the deep map's half of each 1x1 convolution at the deep resolution;
+    it must equal conv(cat(shallow, nearest-upsampled deep)) as the paper writes it."""
+    import torch.nn.functional as F
+
+    from fedseg.methods.fedbcs import _fuse
+
+    net = _method(_spec(2, channels=3), {"name": "harmofl_unet"}).build_model()
+    out = net.backbone.forward_features(torch.randn(2, 3, 32, 32))
+    enc = out.encoder[:-1]
+    shallow, deep, convs = enc[:-1], enc[-1], net.fusion["enc"]
+    literal = [
+        conv(torch.cat([s, F.interpolate(deep, size=s.shape[2:], mode="nearest")], 1))
+        for s, conv in zip(shallow, convs, strict=True)
+    ]
+    size = literal[0].shape[2:]
+    want = torch.cat([F.interpolate(f, size=size, mode="nearest") for f in literal], 1)
+    torch.testing.assert_close(_fuse(shallow, deep, convs), want, rtol=1e-5, atol=1e-5)
+
+
 def test_finch_in_the_server_step_merges_near_and_separates_far_prototypes():
     spec = _spec(5)
     method = _method(spec, branches=["enc"])

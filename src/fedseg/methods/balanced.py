@@ -34,7 +34,7 @@ def sample_pixels(
     (labels resized to ``S`` with legacy nearest; ignored pixels match no class), at most
     ``cap`` per class, drawn without replacement with ``generator`` when a class has more."""
     y = resize_labels(labels, tuple(features.shape[2:])).flatten().cpu()
-    f = features.flatten(2).transpose(1, 2).reshape(-1, features.shape[1])
+    flat = features.flatten(2)  # [B, D, N]; pixel k of the batch is (k // N, k % N)
     picks = []
     for c in range(num_classes):
         idx = torch.nonzero(y == c).flatten()
@@ -42,7 +42,9 @@ def sample_pixels(
             idx = idx[torch.randperm(len(idx), generator=generator)[:cap]]
         picks.append(idx)
     chosen = torch.cat(picks)
-    return f[chosen.to(f.device)], y[chosen].to(f.device)
+    n = flat.shape[2]
+    at = chosen.to(features.device)
+    return flat[at // n, :, at % n], y[chosen].to(features.device)
 
 
 def pixel_weights(classes: torch.Tensor, balance: Balance = "classes") -> torch.Tensor:

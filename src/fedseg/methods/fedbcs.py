@@ -56,7 +56,7 @@ from fedseg.methods.prototypes import (
 from fedseg.methods.registry import register_method
 from fedseg.methods.training import segmentation_loss, train_steps
 from fedseg.models.fsr import FSR, FSRGate
-from fedseg.models.layers import conv
+from fedseg.models.layers import conv, resize_nearest
 from fedseg.models.registry import ModelConfig
 from fedseg.models.unet import UNet, UNetOutput
 
@@ -122,13 +122,21 @@ def _fuse(
     shallow: Sequence[torch.Tensor], deep: torch.Tensor, convs: nn.ModuleList
 ) -> torch.Tensor:
     """Eqs. 10-11: concat(shallow, nearest-upsampled deep) -> 1x1 conv, per shallow level;
-    the results nearest-resized to the first shallow level's size and concatenated."""
-    fused = [
-        fuse(torch.cat([s, F.interpolate(deep, size=s.shape[2:], mode="nearest")], 1))
-        for s, fuse in zip(shallow, convs, strict=True)
-    ]
+    the results nearest-resized to the first shallow level's size and concatenated.
+
+    Computed without the concatenation: a 1x1 convolution of ``cat(s, up(d))`` is
+    ``W_s s + up(W_d d) + b`` (nearest upsampling repeats pixels, and a 1x1 convolution acts
+    per pixel), so the deep half runs at the deep map's resolution; equal up to float
+    summation order (tested against the concatenated form)."""
+    conv_nd = F.conv2d if deep.dim() == 4 else F.conv3d
+    fused = []
+    for s, fuse in zip(shallow, convs, strict=True):
+        w = s.shape[1]
+        near = conv_nd(s, fuse.weight[:, :w], fuse.bias)
+        far = conv_nd(deep, fuse.weight[:, w:])
+        fused.append(near + resize_nearest(far, s.shape[2:]))
     size = fused[0].shape[2:]
-    return torch.cat([F.interpolate(f, size=size, mode="nearest") for f in fused], 1)
+    return torch.cat([resize_nearest(f, size) for f in fused], 1)
 
 
 class _Embedding(nn.Module):

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from fedseg.methods.base import TensorSpec
+from fedseg.models.layers import resize_nearest
 
 __all__ = [
     "PrototypeAccumulator",
@@ -33,8 +34,7 @@ def resize_labels(labels: torch.Tensor, size: tuple[int, ...]) -> torch.Tensor:
     FedBCS and FPL code resize masks to a feature map); unchanged when sizes agree."""
     if tuple(labels.shape[1:]) == tuple(size):
         return labels
-    out = F.interpolate(labels[:, None].float(), size=size, mode="nearest")
-    return out[:, 0].long()
+    return resize_nearest(labels[:, None].float(), size)[:, 0].long()
 
 
 def class_sums(
@@ -43,13 +43,13 @@ def class_sums(
     """Per-class feature sums ``[K, D]`` and pixel counts ``[K]`` of ``features``
     ``[B, D, *S]`` under ``labels`` ``[B, *S']`` (resized to ``S``); ignored pixels and
     labels outside ``[0, K)`` count nowhere."""
-    y = resize_labels(labels, tuple(features.shape[2:])).flatten()
-    f = features.flatten(2).transpose(1, 2).reshape(-1, features.shape[1])
+    y = resize_labels(labels, tuple(features.shape[2:])).flatten(1).to(features.device)
     keep = (y != ignore_index) & (y >= 0) & (y < num_classes)
-    y, f = y[keep], f[keep]
-    sums = torch.zeros(num_classes, f.shape[1], dtype=f.dtype, device=f.device)
-    sums.index_add_(0, y, f)
-    counts = torch.bincount(y, minlength=num_classes)
+    with torch.autocast(features.device.type, enabled=False):  # sums in float32
+        onehot = F.one_hot(torch.where(keep, y, 0), num_classes).float() * keep[..., None]
+        # [B, D, N] @ [B, N, K]: no transposed copy of the (large) feature map
+        sums = torch.bmm(features.flatten(2).float(), onehot).sum(0).T
+    counts = torch.bincount(y[keep], minlength=num_classes)
     return sums, counts
 
 

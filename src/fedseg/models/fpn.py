@@ -20,6 +20,7 @@ from pydantic import Field, NonNegativeFloat, PositiveInt
 from torch import nn
 
 from fedseg.errors import ConfigError
+from fedseg.models.layers import resize_nearest
 from fedseg.models.paa import PAA
 from fedseg.models.pvtv2 import PVTv2, convert_pvtv2_state_dict
 from fedseg.models.registry import ModelConfig, register_model
@@ -44,7 +45,7 @@ class FPNBlock(nn.Module):
 
     def upsample(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
         """``x`` resized (nearest) to ``skip``'s grid (x2 for sizes divisible by 32)."""
-        return F.interpolate(x, size=skip.shape[2:], mode="nearest")
+        return resize_nearest(x, skip.shape[2:])
 
     def forward(
         self, x: torch.Tensor, skip: torch.Tensor, paa: nn.Module | None = None
