@@ -283,13 +283,42 @@ def test_a_measured_budget_is_recorded_in_the_paper_file(tmp_path):
     paper.write_text(yaml.safe_dump(raw, sort_keys=False))
     table = papers._table(paper, "t", raw["tables"]["t"], ("dsc",))
     flat = [(6, 40.0), (8, 40.5)]
-    cal = Calibration("toy", table, 2, [Attempt(8, {"A": [flat, flat]}, {"A": 1.0})], tmp_path)
+    attempts = [Attempt(8, {"A": [flat, flat]}, {"A": 1.0})]
+    cal = Calibration("toy", table, {"A": 1.0, "B": 3.0}, attempts, tmp_path)
     cal.record(paper)
     cal.record(paper)  # a second record replaces the federation's entry
     entry = yaml.safe_load(paper.read_text())["evidence_budget"]["toyfed"]
     assert entry["set"] == {"train.rounds": 8} and entry["status"] == "converged"
     assert entry["gains"] == {"8": {"A": 0.5}} and entry["final_val_dsc"] == {"8": {"A": 40.5}}
     assert yaml.safe_load(paper.read_text())["tables"] == raw["tables"]
+    # each row's own cost: (1 + 3) CPU s x 8 rounds x 3 seeds / 2 cores
+    assert entry["table_hours"] == round(4.0 * 8 * 3 / 2 / 3600, 1)
+    assert cal.table_hours(900) == pytest.approx(4.0 * 900 * 3 / 2 / 3600)
+
+
+def test_calibration_probes_the_cost_of_every_row_once(tmp_path, monkeypatch):
+    from fedseg.reproduce import budget
+
+    monkeypatch.setattr(papers, "PAPERS_DIR", tmp_path)
+    monkeypatch.setattr(budget, "PAPERS_DIR", tmp_path)
+    monkeypatch.setattr(budget, "DOUBLINGS", 0)
+    raw = yaml.safe_load(PAPER)
+    raw["tables"]["t"]["set"] += [f"data.root={tmp_path / 'fed'}", "train.rounds=2"]
+    raw["tables"]["t"]["rows"][1]["set"] = ["train.local_iters=6"]  # B costs more per round
+    del raw["evidence_budget"]
+    (tmp_path / "toy.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    papers.load_paper.cache_clear()
+    folder, out = tmp_path / "budget", tmp_path / "out"
+    try:
+        cal = budget.calibrate("toy", "t", out=out, folder=folder)
+        assert set(cal.row_cpu) == {"A", "B"} and cal.row_cpu["B"] > cal.row_cpu["A"] > 0
+        assert sorted(p.name for p in (folder / "probes").iterdir()) == ["a", "b"]
+        assert "| B | " in (folder / "budget.md").read_text()
+        shutil.rmtree(out)
+        again = budget.calibrate("toy", "t", out=out, folder=folder)
+        assert again.row_cpu == cal.row_cpu and not out.exists()  # kept probes and runs reused
+    finally:
+        papers.load_paper.cache_clear()
 
 
 def test_html_report_shows_the_paired_tests_and_a_strip_plot(runs, tmp_path):

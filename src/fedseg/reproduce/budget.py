@@ -8,8 +8,10 @@ evaluation at or before round ``0.75 R`` to round ``R``, averaged over the seeds
 :data:`MIN_DSC` points or more (a flat curve at zero has not converged, it has not started).
 The first ``R`` where every control row passes is the budget (``converged``). When doubling
 would exceed :data:`TABLE_HOURS` for the federation's largest table on :data:`CORES` cores
-(estimated from the controls' CPU seconds per round), the largest ``R`` that fits is taken
-instead (``capped``). Only the control rows are ever run: never a method under test.
+(estimated from its rows' CPU seconds per round), the largest ``R`` that fits is taken
+instead (``capped``); the estimate uses each row's own CPU seconds per round, measured by a
+:data:`PROBE_ROUNDS`-round probe of every row of that table (a row's cost only: its numbers are
+never read). Only the control rows' curves decide the budget: never a method under test.
 """
 
 from __future__ import annotations
@@ -37,7 +39,16 @@ from fedseg.reproduce.harness import (
 )
 from fedseg.reproduce.papers import PAPERS_DIR, PaperTable, load_paper
 
-__all__ = ["CORES", "GAIN_POINTS", "TABLE_HOURS", "Attempt", "Calibration", "calibrate", "gain"]
+__all__ = [
+    "CORES",
+    "GAIN_POINTS",
+    "TABLE_HOURS",
+    "Attempt",
+    "Calibration",
+    "calibrate",
+    "gain",
+    "probe_costs",
+]
 
 GAIN_POINTS = 1.0
 MIN_DSC = 10.0
@@ -45,6 +56,7 @@ TABLE_HOURS = 3.0
 CORES = 2
 SEEDS_PER_TABLE = 3
 DOUBLINGS = 4
+PROBE_ROUNDS = 2
 RULE = (
     f"validation DSC of every control row gains < {GAIN_POINTS:g} point over the last quarter "
     f"of the rounds and ends at >= {MIN_DSC:g} points (means over 2 seeds)"
@@ -104,7 +116,8 @@ class Calibration:
 
     paper: str
     table: PaperTable
-    rows_in_largest_table: int
+    row_cpu: dict[str, float]
+    """CPU seconds per round of each row of the federation's largest table (its probe)."""
     attempts: list[Attempt]
     folder: Path
     done: bool = False
@@ -118,11 +131,9 @@ class Calibration:
         return "capped" if self.done else "measuring"
 
     def table_hours(self, rounds: int) -> float:
-        """Estimated wall hours of the federation's largest table at ``rounds`` (3 seeds, the
-        controls' mean CPU seconds per round for every row, :data:`CORES` runs at a time)."""
-        per_round = statistics.fmean(self.attempts[-1].cpu_per_round.values())
-        runs = self.rows_in_largest_table * SEEDS_PER_TABLE
-        return per_round * rounds * runs / CORES / 3600
+        """Estimated wall hours of the federation's largest table at ``rounds`` (3 seeds, each
+        row's CPU seconds per round, :data:`CORES` runs at a time; evaluations not counted)."""
+        return sum(self.row_cpu.values()) * rounds * SEEDS_PER_TABLE / CORES / 3600
 
     def snippet(self) -> dict[str, Any]:
         """The ``evidence_budget`` entry of the paper file."""
@@ -173,7 +184,12 @@ class Calibration:
             "",
             f"Budget: `train.rounds: {last.rounds}` ({self.status}); estimated "
             f"{self.table_hours(last.rounds):.1f} h for the largest table of this federation "
-            f"({self.rows_in_largest_table} rows, {SEEDS_PER_TABLE} seeds, {CORES} cores).",
+            f"({len(self.row_cpu)} rows, {SEEDS_PER_TABLE} seeds, {CORES} cores), from each "
+            f"row's CPU seconds per round (a {PROBE_ROUNDS}-round probe):",
+            "",
+            "| row | CPU s per round |",
+            "|---|---|",
+            *(f"| {row} | {cpu:.1f} |" for row, cpu in self.row_cpu.items()),
             "",
             "Paper-file entry (`evidence_budget:`):",
             "",
@@ -240,6 +256,33 @@ def _plot(cal: Calibration, path: Path) -> None:
     plt.close(fig)
 
 
+def probe_costs(
+    table: PaperTable,
+    overrides: Sequence[str],
+    folder: Path,
+    out: Path,
+    on_run: Callable[[str, dict[str, Any], float], None] | None = None,
+) -> dict[str, float]:
+    """CPU seconds of the last of :data:`PROBE_ROUNDS` training rounds (seed 0, shipped
+    config) of each row of ``table``; the probes' small files are kept in ``folder/probes``
+    and reused."""
+    costs = {}
+    for row in table.rows:
+        raw, path = row_config(row, "cpu", {}, overrides)
+        raw.setdefault("train", {})["rounds"] = PROBE_ROUNDS
+        raw["eval"] = {**(raw.get("eval") or {}), "every": PROBE_ROUNDS, "split": "val"}
+        kept = folder / "probes" / slug(row.label)
+        if finished_run(kept, parse_config(copy.deepcopy(raw), str(path))):
+            res = json.loads((kept / "results.json").read_text())
+        else:
+            res = run_config(raw, out / "probes" / slug(row.label), str(path))
+            keep_run(out / "probes" / slug(row.label), kept)
+            if on_run:
+                on_run(f"{row.label}: cost probe", res, sum(res["timing"]["round_seconds"]))
+        costs[row.label] = float(res["timing"]["round_cpu_seconds"][-1])
+    return costs
+
+
 def calibrate(
     paper: str,
     table: str,
@@ -258,12 +301,15 @@ def calibrate(
     t = p.table(table)
     if not t.controls or not t.federation:
         raise ConfigError(f"table {table!r} of {paper} names no federation or control rows")
-    largest = max(len(x.rows) for x in p.tables.values() if x.federation == t.federation)
+    largest = max(
+        (x for x in p.tables.values() if x.federation == t.federation), key=lambda x: len(x.rows)
+    )
     folder = folder or EVIDENCE_ROOT / "budgets" / f"{paper}-{t.federation}"
     out = out or Path("runs") / "calibrate" / f"{paper}-{t.federation}"
+    costs = probe_costs(largest, overrides, folder, out, on_run)
     raws = {row: row_config(t.row(row), "cpu", {}, overrides) for row in t.controls}
     rounds = int(parse_config(copy.deepcopy(raws[t.controls[0]][0])).train.rounds)
-    cal = Calibration(paper, t, largest, [], folder)
+    cal = Calibration(paper, t, costs, [], folder)
     for _ in range(DOUBLINGS + 1):
         attempt = Attempt(rounds)
         for row, (raw, path) in raws.items():
