@@ -33,7 +33,7 @@ import yaml
 from fedseg.config import parse_config
 from fedseg.engine.server import make_method, spec_from_json
 from fedseg.engine.worker import initial_model
-from fedseg.methods.base import batches_per_epoch
+from fedseg.methods.base import round_lr, round_steps
 from fedseg.models.tdf import prompt_affinity
 
 
@@ -53,22 +53,8 @@ def off_diagonal(m: torch.Tensor) -> tuple[float, float, float]:
 
 
 def lr_sum(train: Any, steps_per_round: int) -> float:
-    """Sum of the learning rate over one site's local steps of the whole run (poly or
-    constant schedule per round, as the config states)."""
-    total = 0.0
-    for r in range(train.rounds):
-        lr = train.lr
-        if train.lr_schedule == "poly":
-            lr *= (1 - r / train.rounds) ** 0.9
-        total += lr * steps_per_round
-    return total
-
-
-def site_steps(train: Any, num_train: int) -> int:
-    """Optimiser steps of one round at a site with ``num_train`` images."""
-    if train.local_epochs is None:
-        return train.local_iters
-    return train.local_epochs * batches_per_epoch(num_train, train.batch_size)
+    """Sum of the learning rate over one site's local steps of the whole run."""
+    return sum(round_lr(train, r) * steps_per_round for r in range(train.rounds))
 
 
 def analyse(run_dir: Path) -> dict[str, Any]:
@@ -95,8 +81,8 @@ def analyse(run_dir: Path) -> dict[str, Any]:
                 "share": s.num_train / n,
                 "rel": float((d1 - d0).norm() / d0.norm()),
                 "max": float((d1 - d0).abs().max()),
-                "steps": site_steps(cfg.train, s.num_train),
-                "ceiling": lr_sum(cfg.train, site_steps(cfg.train, s.num_train)) * s.num_train / n,
+                "steps": round_steps(cfg.train, s.num_train),
+                "ceiling": lr_sum(cfg.train, round_steps(cfg.train, s.num_train)) * s.num_train / n,
             }
         )
     return {

@@ -127,3 +127,18 @@ def test_unknown_feature_level_names_the_field():
 def test_bad_settings_are_refused(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         get_method("fedproto").Config(**bad)
+
+
+def test_class_sums_keep_double_precision_and_sum_bf16_in_float32():
+    g = torch.Generator().manual_seed(0)
+    feats = torch.randn(2, 3, 4, 4, generator=g, dtype=torch.float64)
+    labels = torch.randint(0, 3, (2, 4, 4), generator=g)
+    labels[0, 0, 0] = 255  # ignored
+    sums, counts = class_sums(feats, labels, 3)
+    flat, y = feats.permute(0, 2, 3, 1).reshape(-1, 3), labels.flatten()
+    expected = torch.stack([flat[y == k].sum(0) for k in range(3)])
+    assert sums.dtype == torch.float64 and torch.equal(counts, torch.bincount(y[y < 3]))
+    torch.testing.assert_close(sums, expected, rtol=0, atol=1e-12)
+    low, _ = class_sums(feats.bfloat16(), labels, 3)
+    assert low.dtype == torch.float32
+    torch.testing.assert_close(low, expected.float(), rtol=0.02, atol=0.05)

@@ -49,6 +49,8 @@ __all__ = [
     "aggregate",
     "batches_per_epoch",
     "payload_size",
+    "round_lr",
+    "round_steps",
     "template_of",
     "validate_payload",
     "validate_upload",
@@ -234,6 +236,23 @@ class ServerResult:
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
+def round_lr(train: TrainSettings, round_index: int) -> float:
+    """Learning rate of round ``round_index`` (0-based) under ``train``'s schedule."""
+    base, t = train.lr, round_index / max(train.rounds, 1)
+    if train.lr_schedule == "poly":
+        return base * (1 - t) ** 0.9
+    if train.lr_schedule == "cosine":
+        return base * 0.5 * (1 + math.cos(math.pi * t))
+    return base
+
+
+def round_steps(train: TrainSettings, num_train: int) -> int:
+    """Optimiser steps of one round at a site with ``num_train`` training images."""
+    if train.local_epochs is None:
+        return train.local_iters
+    return train.local_epochs * batches_per_epoch(num_train, train.batch_size)
+
+
 @dataclass
 class ClientContext:
     """Everything a client step may use besides its payload and private state.
@@ -261,19 +280,11 @@ class ClientContext:
 
     def lr(self) -> float:
         """Learning rate of this round under the configured schedule."""
-        base, t = self.train.lr, self.round / max(self.train.rounds, 1)
-        if self.train.lr_schedule == "poly":
-            return base * (1 - t) ** 0.9
-        if self.train.lr_schedule == "cosine":
-            return base * 0.5 * (1 + math.cos(math.pi * t))
-        return base
+        return round_lr(self.train, self.round)
 
     def steps(self) -> int:
         """Optimiser steps of one round: ``local_iters``, or ``local_epochs`` passes."""
-        t = self.train
-        if t.local_epochs is None:
-            return t.local_iters
-        return t.local_epochs * batches_per_epoch(self.site.num_train, t.batch_size)
+        return round_steps(self.train, self.site.num_train)
 
     def ordered_batches(self, batch_size: int | None = None) -> Batches:
         """One pass over the training data in stored order, without augmentation."""

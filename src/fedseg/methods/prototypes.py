@@ -42,13 +42,15 @@ def class_sums(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-class feature sums ``[K, D]`` and pixel counts ``[K]`` of ``features``
     ``[B, D, *S]`` under ``labels`` ``[B, *S']`` (resized to ``S``); ignored pixels and
-    labels outside ``[0, K)`` count nowhere."""
+    labels outside ``[0, K)`` count nowhere. Sums are in the features' dtype, at least
+    float32 (bf16 features are summed in float32)."""
     y = resize_labels(labels, tuple(features.shape[2:])).flatten(1).to(features.device)
     keep = (y != ignore_index) & (y >= 0) & (y < num_classes)
-    with torch.autocast(features.device.type, enabled=False):  # sums in float32
-        onehot = F.one_hot(torch.where(keep, y, 0), num_classes).float() * keep[..., None]
+    dtype = torch.promote_types(features.dtype, torch.float32)
+    with torch.autocast(features.device.type, enabled=False):
+        onehot = F.one_hot(torch.where(keep, y, 0), num_classes).to(dtype) * keep[..., None]
         # [B, D, N] @ [B, N, K]: no transposed copy of the (large) feature map
-        sums = torch.bmm(features.flatten(2).float(), onehot).sum(0).T
+        sums = torch.bmm(features.flatten(2).to(dtype), onehot).sum(0).T
     counts = torch.bincount(y[keep], minlength=num_classes)
     return sums, counts
 
