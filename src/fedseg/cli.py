@@ -181,7 +181,8 @@ def reproduce(
         bool,
         typer.Option(
             help="Measure the evidence budget: run the table's control rows at doubling rounds "
-            "until they converge (docs/reproduce.md#the-evidence-budget)."
+            "until they converge; --set items become fixed parts of the budget "
+            "(docs/reproduce.md#the-evidence-budget)."
         ),
     ] = False,
 ) -> None:

@@ -310,12 +310,16 @@ def test_calibration_probes_the_cost_of_every_row_once(tmp_path, monkeypatch):
     papers.load_paper.cache_clear()
     folder, out = tmp_path / "budget", tmp_path / "out"
     try:
-        cal = budget.calibrate("toy", "t", out=out, folder=folder)
+        cal = budget.calibrate("toy", "t", overrides=["train.lr=0.002"], out=out, folder=folder)
         assert set(cal.row_cpu) == {"A", "B"} and cal.row_cpu["B"] > cal.row_cpu["A"] > 0
+        entry = yaml.safe_load((tmp_path / "toy.yaml").read_text())["evidence_budget"]["toyfed"]
+        assert entry["set"] == {"train.lr": 0.002, "train.rounds": 2}  # fixed part recorded
+        kept = yaml.safe_load((folder / "runs" / "r2" / "a" / "seed0" / "config.yaml").read_text())
+        assert kept["train"]["lr"] == 0.002
         assert sorted(p.name for p in (folder / "probes").iterdir()) == ["a", "b"]
         assert "| B | " in (folder / "budget.md").read_text()
         shutil.rmtree(out)
-        again = budget.calibrate("toy", "t", out=out, folder=folder)
+        again = budget.calibrate("toy", "t", overrides=["train.lr=0.002"], out=out, folder=folder)
         assert again.row_cpu == cal.row_cpu and not out.exists()  # kept probes and runs reused
     finally:
         papers.load_paper.cache_clear()

@@ -120,6 +120,8 @@ class Calibration:
     """CPU seconds per round of each row of the federation's largest table (its probe)."""
     attempts: list[Attempt]
     folder: Path
+    fixed: dict[str, Any] = field(default_factory=dict)
+    """Overrides the budget holds besides the rounds (``--set``, e.g. a smaller image size)."""
     done: bool = False
     """Whether the search has ended (no larger attempt follows)."""
 
@@ -140,7 +142,7 @@ class Calibration:
         last = self.attempts[-1]
         return {
             self.table.federation: {
-                "set": {"train.rounds": last.rounds},
+                "set": {**self.fixed, "train.rounds": last.rounds},
                 "status": self.status,
                 "rule": RULE,
                 "controls": list(self.table.controls),
@@ -164,7 +166,14 @@ class Calibration:
             f"# Evidence budget of `{self.table.federation}` ({self.paper}, measured on "
             f"{self.table.name})",
             "",
-            f"Rule: {RULE}. Controls: {', '.join(self.table.controls)}.",
+            f"Rule: {RULE}. Controls: {', '.join(self.table.controls)}."
+            + (
+                " Fixed for this federation besides the rounds: "
+                + ", ".join(f"`{k}: {v}`" for k, v in self.fixed.items())
+                + "."
+                if self.fixed
+                else ""
+            ),
             "",
             "| rounds | "
             + " | ".join(f"gain {r}" for r in self.table.controls)
@@ -256,19 +265,30 @@ def _plot(cal: Calibration, path: Path) -> None:
     plt.close(fig)
 
 
+def fixed_overrides(items: Sequence[str]) -> dict[str, Any]:
+    """``key=value`` items (YAML values) as the fixed part of a budget."""
+    fixed = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: expected key.sub=value")
+        fixed[key] = yaml.safe_load(value)
+    return fixed
+
+
 def probe_costs(
     table: PaperTable,
-    overrides: Sequence[str],
+    fixed: dict[str, Any],
     folder: Path,
     out: Path,
     on_run: Callable[[str, dict[str, Any], float], None] | None = None,
 ) -> dict[str, float]:
     """CPU seconds of the last of :data:`PROBE_ROUNDS` training rounds (seed 0, shipped
-    config) of each row of ``table``; the probes' small files are kept in ``folder/probes``
-    and reused."""
+    config with the budget's ``fixed`` overrides) of each row of ``table``; the probes'
+    small files are kept in ``folder/probes`` and reused."""
     costs = {}
     for row in table.rows:
-        raw, path = row_config(row, "cpu", {}, overrides)
+        raw, path = row_config(row, "evidence", fixed, ())
         raw.setdefault("train", {})["rounds"] = PROBE_ROUNDS
         raw["eval"] = {**(raw.get("eval") or {}), "every": PROBE_ROUNDS, "split": "val"}
         kept = folder / "probes" / slug(row.label)
@@ -292,8 +312,10 @@ def calibrate(
     on_run: Callable[[str, dict[str, Any], float], None] | None = None,
     folder: Path | None = None,
 ) -> Calibration:
-    """Run ``table``'s control rows at the shipped rounds, then doubled, until the rule holds
-    or the time cap binds; write budget.md, curve.csv and curve.png to
+    """Run ``table``'s control rows at the shipped rounds (fewer where the federation's
+    largest table would not fit the time cap), then doubled, until the rule holds or the cap
+    binds; ``overrides`` (``key=value``) are fixed parts of the budget, applied to every run
+    and recorded beside the rounds. Write budget.md, curve.csv and curve.png to
     ``folder`` (default ``docs/evidence/budgets/<paper>-<federation>/``) with each run's small
     files there, which later calls reuse, and record the budget in the paper file
     (``fedseg/papers/<paper>.yaml``, ``evidence_budget``)."""
@@ -306,10 +328,12 @@ def calibrate(
     )
     folder = folder or EVIDENCE_ROOT / "budgets" / f"{paper}-{t.federation}"
     out = out or Path("runs") / "calibrate" / f"{paper}-{t.federation}"
-    costs = probe_costs(largest, overrides, folder, out, on_run)
-    raws = {row: row_config(t.row(row), "cpu", {}, overrides) for row in t.controls}
-    rounds = int(parse_config(copy.deepcopy(raws[t.controls[0]][0])).train.rounds)
-    cal = Calibration(paper, t, costs, [], folder)
+    fixed = fixed_overrides(overrides)
+    costs = probe_costs(largest, fixed, folder, out, on_run)
+    raws = {row: row_config(t.row(row), "evidence", fixed, ()) for row in t.controls}
+    cal = Calibration(paper, t, costs, [], folder, fixed)
+    shipped = int(parse_config(copy.deepcopy(raws[t.controls[0]][0])).train.rounds)
+    rounds = max(1, min(shipped, int(TABLE_HOURS / cal.table_hours(1))))
     for _ in range(DOUBLINGS + 1):
         attempt = Attempt(rounds)
         for row, (raw, path) in raws.items():
