@@ -3,6 +3,7 @@ refusals, the evidence folder and the evidence budget's rule."""
 
 from __future__ import annotations
 
+import copy
 import csv
 import json
 import math
@@ -216,6 +217,9 @@ def test_identical_configs_end_to_end_and_the_evidence_folder(tmp_path, monkeypa
     raw = yaml.safe_load(PAPER)
     raw["tables"]["t"]["set"].append(f"data.root={tmp_path / 'fed'}")
     raw["tables"]["t"]["notes"] = ["Row B starts from random weights, the paper's from ImageNet."]
+    other = raw["tables"]["u"] = copy.deepcopy(raw["tables"]["t"])
+    other["claims"] = [{**other["claims"][0], "id": "b-beats-a", "says": "B beats A"}]
+    other["claims"][0].update(better="B", than="A")
     (tmp_path / "toy.yaml").write_text(yaml.safe_dump(raw))
     papers.load_paper.cache_clear()
     evidence = tmp_path / "evidence" / "toy-t"
@@ -230,7 +234,11 @@ def test_identical_configs_end_to_end_and_the_evidence_folder(tmp_path, monkeypa
         assert sorted(p.name for p in kept.iterdir()) == sorted(
             ["cases.csv", "config.yaml", "results.json", "rounds.jsonl"]
         )
-        assert "unresolved" in (tmp_path / "evidence" / "README.md").read_text()
+        index = (tmp_path / "evidence" / "README.md").read_text()
+        # one claim, run and unresolved; the paper's other table not run yet
+        assert "| Toy paper | 2 | 0 | 0 | 1 | 0 | 1 |" in index
+        assert "| a-beats-b | A beats B | unresolved |" in index
+        assert "| b-beats-a | B beats A | not run |" in index
         # a committed finished run counts as done on another machine: nothing is retrained
         shutil.rmtree(tmp_path / "out")
         rep2 = reproduce("toy", "t", "evidence", tmp_path / "out", evidence=evidence)

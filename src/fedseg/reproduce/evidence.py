@@ -290,30 +290,66 @@ claims were written down before any run was read against them: [claims.md](claim
 
 
 def write_index(root: Path) -> Path:
-    """``root/README.md``: each evidence page, its budget, seeds and claims' verdicts."""
-    lines = [INDEX_HEAD]
+    """``root/README.md``: per paper, the count of its claims by verdict, then each table:
+    its page (budget, rows run, seeds, each claim's verdict) or, before it has run, its
+    claims as ``not run``. Pages of tables not in a paper file follow."""
+    from fedseg.reproduce.papers import list_papers, load_paper
+
+    pages = {}
     for summary in sorted(root.glob("*/summary.json")):
         s = json.loads(summary.read_text())
-        folder = summary.parent.name
-        seeds = sorted(set(s["seeds"].values()))
-        done = f"{len(s['seeds'])} of {s['rows']} rows run"
-        lines += [
-            f"## [{s['title']}]({folder}/table.md)",
-            "",
-            f"Budget `{s['budget']}`; {done}; seeds per row: {', '.join(map(str, seeds))}.",
-            "",
-        ]
-        if s["claims"]:
-            lines += ["| claim | says | verdict |", "|---|---|---|"]
-            lines += [f"| {c['id']} | {c['says']} | {c['verdict']} |" for c in s["claims"]]
-            lines.append("")
+        pages[(s["paper"], s["table"])] = (summary.parent.name, s)
+    body, counts = [], {}
+    for name in list_papers():
+        paper = load_paper(name)
+        tally = counts.setdefault(paper.title, {})
+        body += [f"## {paper.title}", ""]
+        for t in paper.tables.values():
+            folder, s = pages.pop((name, t.name), (None, None))
+            if s is None:
+                claims = [{"id": c.id, "says": c.says, "verdict": "not run"} for c in t.claims]
+                body += [f"### {t.title}", "", "Not run at the evidence budget yet.", ""]
+            else:
+                claims = s["claims"]
+                body += _page_lines(folder, s, t.title)
+            for c in claims:
+                tally[c["verdict"]] = tally.get(c["verdict"], 0) + 1
+            if claims and s is None:
+                body += ["| claim | says | verdict |", "|---|---|---|"]
+                body += [f"| {c['id']} | {c['says']} | {c['verdict']} |" for c in claims]
+                body.append("")
+    if pages:
+        body += ["## Other evidence pages", ""]
+        for folder, s in pages.values():
+            body += _page_lines(folder, s, s["title"])
+    verdicts = ("holds", "contradicted", "unresolved", "refused", "not run")
+    lines = [INDEX_HEAD, "| paper | claims | " + " | ".join(verdicts) + " |"]
+    lines.append("|---|---|" + "---|" * len(verdicts))
+    for title, tally in counts.items():
+        cells = " | ".join(str(tally.get(v, 0)) for v in verdicts)
+        lines.append(f"| {title} | {sum(tally.values())} | {cells} |")
+    lines += ["", *body]
     budgets = sorted(root.glob("budgets/*/budget.md"))
     if budgets:
         lines += ["## Evidence budgets", ""]
         lines += [f"- [{b.parent.name}](budgets/{b.parent.name}/budget.md)" for b in budgets]
         lines.append("")
-    if not any(root.glob("*/summary.json")):
-        lines += ["No table has been run at the evidence budget yet.", ""]
     index = root / "README.md"
     index.write_text("\n".join(lines))
     return index
+
+
+def _page_lines(folder: str, s: dict[str, Any], title: str) -> list[str]:
+    seeds = sorted(set(s["seeds"].values()))
+    lines = [
+        f"### [{title}]({folder}/table.md)",
+        "",
+        f"Budget `{s['budget']}`; {len(s['seeds'])} of {s['rows']} rows run; seeds per row: "
+        f"{', '.join(map(str, seeds))}.",
+        "",
+    ]
+    if s["claims"]:
+        lines += ["| claim | says | verdict |", "|---|---|---|"]
+        lines += [f"| {c['id']} | {c['says']} | {c['verdict']} |" for c in s["claims"]]
+        lines.append("")
+    return lines
