@@ -21,8 +21,18 @@ _ALIASES = {
     "hd95": ("HD95",),
     "hd": ("HD",),
     "assd": ("ASSD",),
+    "precision": ("Precision",),
+    "recall": ("Recall",),
 }
-_LABELS = {"dsc": "DSC", "jaccard": "mIoU", "hd95": "HD95", "hd": "HD", "assd": "ASSD"}
+_LABELS = {
+    "dsc": "DSC",
+    "jaccard": "mIoU",
+    "hd95": "HD95",
+    "hd": "HD",
+    "assd": "ASSD",
+    "precision": "precision",
+    "recall": "recall",
+}
 
 
 def _num(v: float | None, digits: int = 2) -> str:
