@@ -250,6 +250,29 @@ def test_identical_configs_end_to_end_and_the_evidence_folder(tmp_path, monkeypa
         papers.load_paper.cache_clear()
 
 
+def test_an_interrupted_table_has_a_page_of_the_rows_it_finished(tmp_path, monkeypatch):
+    monkeypatch.setattr(papers, "PAPERS_DIR", tmp_path)
+    raw = yaml.safe_load(PAPER)
+    raw["tables"]["t"]["set"].append(f"data.root={tmp_path / 'fed'}")
+    (tmp_path / "toy.yaml").write_text(yaml.safe_dump(raw))
+    papers.load_paper.cache_clear()
+    evidence = tmp_path / "evidence" / "toy-t"
+
+    def stop_at_b(name, *_):
+        if name.startswith("B"):
+            raise KeyboardInterrupt
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            reproduce("toy", "t", "evidence", tmp_path / "out", evidence=evidence, on_run=stop_at_b)
+        summary = json.loads((evidence / "summary.json").read_text())
+        assert summary["seeds"] == {"A": 1}  # row A's page, written before B ran
+        assert summary["claims"][0]["verdict"] == "not run"
+        assert "| a-beats-b | A beats B | not run |" in (evidence.parent / "README.md").read_text()
+    finally:
+        papers.load_paper.cache_clear()
+
+
 def test_table_notes_must_be_sentences(tmp_path, monkeypatch):
     monkeypatch.setattr(papers, "PAPERS_DIR", tmp_path)
     raw = yaml.safe_load(PAPER)

@@ -224,7 +224,8 @@ def reproduce(
     with the statistics and the claims' verdicts. With an ``evidence`` folder (the default
     for ``--budget evidence``: docs/evidence/<paper>-<table>) a run whose small files are
     there with the same config counts as done, each new run's small files are copied there
-    and the table page is written there too (with ``command``).
+    and the table page is written there too (with ``command``), after every row, so an
+    interrupted table has a page of the rows it finished.
     ``on_run(name, results, seconds)`` is called after each run."""
     if seeds < 1:
         raise ConfigError(f"--seeds {seeds}: must be at least 1")
@@ -234,8 +235,10 @@ def reproduce(
     out = out or Path("runs") / "reproduce" / f"{paper}-{table}-{budget}"
     if evidence is None and budget == "evidence":
         evidence = EVIDENCE_ROOT / f"{paper}-{table}"
+    stated = {**budget_set, **dict(item.split("=", 1) for item in overrides)}
+    chosen = _select(t, rows)
     done = []
-    for row in _select(t, rows):
+    for row in chosen:
         raw, path = row_config(row, budget, budget_set, overrides)
         result = RowResult(row)
         for k in range(seeds):
@@ -260,14 +263,22 @@ def reproduce(
             if on_run:
                 on_run(f"{row.label} (seed {run_raw['seed']})", res, seconds)
         done.append(result)
-    stated = {**budget_set, **dict(item.split("=", 1) for item in overrides)}
+        if evidence is not None and len(done) < len(chosen):  # the page so far
+            so_far = Reproduction(p, t, budget, stated, seeds, list(done), out, evidence=evidence)
+            _write_pages(so_far, command)
     rep = Reproduction(p, t, budget, stated, seeds, done, out, evidence=evidence)
-    rep.analysis = analyse(t, {r.row.label: r.runs() for r in done}, p.metrics)
-    write_table(rep, out, command)
-    if evidence is not None:
-        write_table(rep, evidence, command)
-        write_index(evidence.parent)
+    _write_pages(rep, command)
     return rep
+
+
+def _write_pages(rep: Reproduction, command: str | None) -> None:
+    """Analyse ``rep``'s finished rows and write its table to the output folder, and to the
+    evidence folder (with the index) if it has one."""
+    rep.analysis = analyse(rep.table, {r.row.label: r.runs() for r in rep.rows}, rep.paper.metrics)
+    write_table(rep, rep.out, command)
+    if rep.evidence is not None:
+        write_table(rep, rep.evidence, command)
+        write_index(rep.evidence.parent)
 
 
 def compare_methods(
