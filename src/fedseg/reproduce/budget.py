@@ -56,7 +56,10 @@ TABLE_HOURS = 3.0
 CORES = 2
 SEEDS_PER_TABLE = 3
 DOUBLINGS = 4
-PROBE_ROUNDS = 2
+PROBE_ROUNDS = 3
+"""Rounds of a cost probe; the last is timed: learnable aggregation (FedALA, FedICRA, FedLPPA's
+LA) trains its weights until they settle in its first round with a global model (the second),
+which later rounds do not repeat."""
 RULE = (
     f"validation DSC of every control row gains < {GAIN_POINTS:g} point over the last quarter "
     f"of the rounds and ends at >= {MIN_DSC:g} points (means over 2 seeds)"
