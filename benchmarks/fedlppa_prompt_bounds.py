@@ -12,6 +12,8 @@ prompts with the aggregated prompts of the last checkpoint:
 - **the same cosine without the shared UKP and without the prompts' mean** (Pearson
   correlation of the DDP slots): what the sites' own slots say once the terms every pair
   shares are removed;
+- **whether the site pairs keep their initial order**: Spearman correlation of the pairs'
+  affinities at initialisation and at the last round (1: the ordering is the random start's);
 - **how far the prompts moved**: per DDP slot and for the UKP, ``||p_T - p_0|| / ||p_0||``
   and the largest entry change, against the **ceiling** an Adam-type optimiser allows, the
   sum of the learning rates over the site's local steps (each step moves an entry by at most
@@ -57,6 +59,14 @@ def lr_sum(train: Any, steps_per_round: int) -> float:
     return sum(round_lr(train, r) * steps_per_round for r in range(train.rounds))
 
 
+def rank_agreement(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Spearman correlation of the off-diagonal entries of two affinity matrices: 1 when
+    the site pairs are ordered as at the start."""
+    mask = ~torch.eye(len(a), dtype=torch.bool)
+    ranks = [torch.argsort(torch.argsort(m[mask])).double() for m in (a, b)]
+    return float(torch.corrcoef(torch.stack(ranks))[0, 1])
+
+
 def analyse(run_dir: Path) -> dict[str, Any]:
     cfg = parse_config(yaml.safe_load((run_dir / "config.yaml").read_text()), str(run_dir))
     ck = torch.load(run_dir / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
@@ -90,6 +100,7 @@ def analyse(run_dir: Path) -> dict[str, Any]:
         "shape": tuple(ddp0.shape[1:]),
         "init": off_diagonal(prompt_affinity(ddp0, ukp0)),
         "uploaded": off_diagonal(torch.tensor(last["affinity"])),
+        "order_kept": rank_agreement(prompt_affinity(ddp0, ukp0), torch.tensor(last["affinity"])),
         "aggregated": off_diagonal(prompt_affinity(ddp, ukp)),
         "pearson0": off_diagonal(pearson(ddp0)),
         "pearson": off_diagonal(pearson(ddp)),
@@ -115,14 +126,16 @@ def markdown(runs: list[dict[str, Any]]) -> str:
         "about lr; FedAvg keeps n_i / n of a site's change to its own slot).",
         "",
         "| run | DDP slot | rounds | affinity at init | last round (uploaded) "
-        "| last (aggregated) | DDP correlation at init | DDP correlation last |",
-        "|---|---|---|---|---|---|---|---|",
+        "| last (aggregated) | DDP correlation at init | DDP correlation last "
+        "| pair order kept (Spearman, init vs last) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for run in runs:
         lines.append(
             f"| {run['dir']} | {'x'.join(map(str, run['shape']))} | {run['rounds']} "
             f"| {_r(run['init'])} | {_r(run['uploaded'])} | "
-            f"{_r(run['aggregated'])} | {_r(run['pearson0'])} | {_r(run['pearson'])} |"
+            f"{_r(run['aggregated'])} | {_r(run['pearson0'])} | {_r(run['pearson'])} "
+            f"| {run['order_kept']:.2f} |"
         )
     lines += [
         "",
