@@ -3,6 +3,8 @@
 # first, then ablations and sweeps (docs/reproduce.md). A table whose federation has no measured
 # budget yet is skipped (scripts/calibrate_all.sh measures them). Finished runs are kept in
 # docs/evidence/<paper>-<table>/runs and reused, so rerunning continues where it stopped.
+# Arguments, if any, replace the list, e.g. to use the second core for other tables:
+#   scripts/evidence_all.sh "fedlppa table2" "pancreas3d table2"
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
@@ -14,6 +16,7 @@ tables=(
   "fedbcs tau-nuclei" "fedbcs fig4b"
   "vc table2" "vc table2-polyp" "vc table3" "vc table3-polyp"
 )
+if [ $# -gt 0 ]; then tables=("$@"); fi
 for pt in "${tables[@]}"; do
   echo "== $pt $(date -u +%H:%M:%S)"
   .venv/bin/fedseg reproduce $pt --budget evidence --seeds 3 || echo "== $pt skipped or failed"
