@@ -239,6 +239,7 @@ def test_identical_configs_end_to_end_and_the_evidence_folder(tmp_path, monkeypa
         assert "| Toy paper | 2 | 0 | 0 | 1 | 0 | 1 |" in index
         assert "| a-beats-b | A beats B | unresolved |" in index
         assert "| b-beats-a | B beats A | not run |" in index
+        assert "| toyfed | toy | train.rounds=2 | converged |" in index  # the budgets table
         # a committed finished run counts as done on another machine: nothing is retrained
         shutil.rmtree(tmp_path / "out")
         rep2 = reproduce("toy", "t", "evidence", tmp_path / "out", evidence=evidence)
