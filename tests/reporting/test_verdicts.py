@@ -251,6 +251,31 @@ def test_identical_configs_end_to_end_and_the_evidence_folder(tmp_path, monkeypa
         papers.load_paper.cache_clear()
 
 
+def test_a_row_shared_with_another_table_is_copied_not_retrained(tmp_path, monkeypatch):
+    monkeypatch.setattr(papers, "PAPERS_DIR", tmp_path)
+    raw = yaml.safe_load(PAPER)
+    raw["tables"]["t"]["set"].append(f"data.root={tmp_path / 'fed'}")
+    other = raw["tables"]["u"] = copy.deepcopy(raw["tables"]["t"])
+    other["rows"][1]["set"] = ["train.lr=0.002"]  # B differs in u: trained there
+    other["claims"] = [{**other["claims"][0], "id": "u-a-beats-b"}]
+    (tmp_path / "toy.yaml").write_text(yaml.safe_dump(raw))
+    papers.load_paper.cache_clear()
+    root = tmp_path / "evidence"
+    try:
+        reproduce("toy", "t", "evidence", tmp_path / "out-t", evidence=root / "toy-t")
+        rep = reproduce("toy", "u", "evidence", tmp_path / "out-u", evidence=root / "toy-u")
+        copied = root / "toy-u" / "runs" / "a" / "seed0"
+        assert not (tmp_path / "out-u" / "a").exists()  # A: the same config, not retrained
+        assert rep.rows[0].dirs[0] == copied
+        assert "copied from toy-t/runs/a/seed0" in (copied / "origin.txt").read_text()
+        source = root / "toy-t" / "runs" / "a" / "seed0" / "results.json"
+        assert (copied / "results.json").read_bytes() == source.read_bytes()
+        assert (tmp_path / "out-u" / "b" / "seed0" / "results.json").is_file()  # B: trained
+        assert not (root / "toy-u" / "runs" / "b" / "seed0" / "origin.txt").exists()
+    finally:
+        papers.load_paper.cache_clear()
+
+
 def test_an_interrupted_table_has_a_page_of_the_rows_it_finished(tmp_path, monkeypatch):
     monkeypatch.setattr(papers, "PAPERS_DIR", tmp_path)
     raw = yaml.safe_load(PAPER)

@@ -174,6 +174,31 @@ def keep_run(run_dir: Path, store: Path) -> None:
             shutil.copyfile(run_dir / name, store / name)
 
 
+ORIGIN_FILE = "origin.txt"
+"""Beside a run copied from another table's evidence folder: where it was copied from."""
+
+
+def reuse_kept_elsewhere(kept: Path, root: Path, paper: str, cfg: RunConfig) -> Path | None:
+    """Copy into ``kept`` a finished run of ``cfg`` kept for another table of ``paper`` under
+    the evidence ``root`` (``<paper>-<table>/runs/<row>/seed<k>``, or a calibration's
+    ``budgets/<paper>-<federation>/runs/r<rounds>/<row>/seed<k>``), so that a row shared by
+    several tables (the same resolved config and seed) is trained once. Returns the source,
+    or None when there is none. The copy names its source in :data:`ORIGIN_FILE`."""
+    seed = kept.name
+    candidates = sorted(root.glob(f"{paper}-*/runs/*/{seed}")) + sorted(
+        root.glob(f"budgets/{paper}-*/runs/*/*/{seed}")
+    )
+    for source in candidates:
+        if source.resolve() != kept.resolve() and finished_run(source, cfg):
+            keep_run(source, kept)
+            origin = source.relative_to(root).as_posix()
+            (kept / ORIGIN_FILE).write_text(
+                f"copied from {origin} (a finished run of the same resolved config)\n"
+            )
+            return source
+    return None
+
+
 def slug(label: str) -> str:
     """A row label as a folder name."""
     return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-") or "row"
@@ -249,6 +274,8 @@ def reproduce(
             run_dir = out / name
             kept = evidence / "runs" / name if evidence else None
             t0 = time.perf_counter()
+            if kept is not None and not finished_run(kept, cfg):
+                reuse_kept_elsewhere(kept, evidence.parent, paper, cfg)
             if kept is not None and finished_run(kept, cfg):
                 run_dir = kept
                 res = json.loads((kept / "results.json").read_text())
