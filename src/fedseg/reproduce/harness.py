@@ -180,15 +180,11 @@ ORIGIN_FILE = "origin.txt"
 
 def reuse_kept_elsewhere(kept: Path, root: Path, paper: str, cfg: RunConfig) -> Path | None:
     """Copy into ``kept`` a finished run of ``cfg`` kept for another table of ``paper`` under
-    the evidence ``root`` (``<paper>-<table>/runs/<row>/seed<k>``, or a calibration's
-    ``budgets/<paper>-<federation>/runs/r<rounds>/<row>/seed<k>``), so that a row shared by
+    the evidence ``root`` (``<paper>-<table>/runs/<row>/seed<k>``), so that a row shared by
     several tables (the same resolved config and seed) is trained once. Returns the source,
-    or None when there is none. The copy names its source in :data:`ORIGIN_FILE`."""
-    seed = kept.name
-    candidates = sorted(root.glob(f"{paper}-*/runs/*/{seed}")) + sorted(
-        root.glob(f"budgets/{paper}-*/runs/*/*/{seed}")
-    )
-    for source in candidates:
+    or None when there is none. The copy names its source in :data:`ORIGIN_FILE`.
+    (Calibration runs never match: they evaluate on the validation split.)"""
+    for source in sorted(root.glob(f"{paper}-*/runs/*/{kept.name}")):
         if source.resolve() != kept.resolve() and finished_run(source, cfg):
             keep_run(source, kept)
             origin = source.relative_to(root).as_posix()
