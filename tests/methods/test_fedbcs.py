@@ -11,7 +11,8 @@ from fedseg.engine.simulation import Simulation
 from fedseg.errors import ConfigError
 from fedseg.methods import Payload, ServerContext, TrainSettings, get_method
 from fedseg.methods.base import FederationSpec, SiteSpec
-from fedseg.methods.fedbcs import FedBCSNet, consistency_loss, contrastive_loss
+from fedseg.methods.fedbcs import FedBCSNet, FusedEmbedding, consistency_loss, contrastive_loss
+from fedseg.methods.prototypes import class_sums
 from fedseg.models.fsr import FSR
 from fedseg.models.unet import UNet
 from fedseg.testing import toy_federation
@@ -29,6 +30,16 @@ def _spec(n_sites: int, num_classes: int = 2, channels: int = 1) -> FederationSp
 
 def _method(spec: FederationSpec, model: dict | None = None, **cfg) -> object:
     return FedBCS(FedBCS.Config(**cfg), spec, model)
+
+
+def _fused(maps: dict[str, torch.Tensor]) -> dict[str, FusedEmbedding]:
+    """Dense maps ``[B, D, *S]`` as one-level fused embeddings (the deep half zero)."""
+    return {
+        b: FusedEmbedding(
+            (t,), (t.new_zeros(*t.shape[:2], *[1] * (t.dim() - 2)),), tuple(t.shape[2:])
+        )
+        for b, t in maps.items()
+    }
 
 
 def _run(rounds: int = 2, **cfg) -> tuple[Simulation, list[dict]]:
@@ -72,7 +83,38 @@ def test_fusion_equals_the_concatenated_form_of_eqs_10_11():
     ]
     size = literal[0].shape[2:]
     want = torch.cat([F.interpolate(f, size=size, mode="nearest") for f in literal], 1)
-    torch.testing.assert_close(_fuse(shallow, deep, convs), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(_fuse(shallow, deep, convs).dense(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("side", [32, 48])
+def test_fused_rows_and_class_sums_equal_the_dense_map(side):
+    """The losses read the fused embedding at the pixels they use and its class sums, never
+    the dense map: the rows must be the dense map's pixels (the same additions, so exactly),
+    with the same gradients, and the class sums the dense map's up to summation order."""
+    torch.manual_seed(0)
+    net = _method(_spec(3, num_classes=3, channels=3), {"name": "harmofl_unet"}).build_model()
+    _, emb = net.embed(torch.randn(2, 3, side, side))
+    labels = torch.randint(0, 3, (2, side, side))
+    labels[0, :4] = 255  # ignored pixels count nowhere
+    for b, fused in emb.items():
+        dense = fused.dense()
+        assert dense.shape == fused.shape
+        n = math.prod(fused.size)
+        index = torch.randperm(2 * n, generator=torch.Generator().manual_seed(1))[:300]
+        rows = fused.rows(index)
+        assert torch.equal(rows, dense.flatten(2)[index // n, :, index % n]), b
+        weights = torch.randn_like(rows)
+        params = [p for p in net.fusion[b].parameters()]
+        got = torch.autograd.grad((rows * weights).sum(), params, retain_graph=True)
+        want = torch.autograd.grad(
+            (dense.flatten(2)[index // n, :, index % n] * weights).sum(), params, retain_graph=True
+        )
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w)
+        sums, counts = fused.class_sums(labels, 3)
+        want_sums, want_counts = class_sums(dense.detach(), labels, 3)
+        assert torch.equal(counts, want_counts)
+        torch.testing.assert_close(sums, want_sums, rtol=1e-4, atol=1e-3)
 
 
 def test_finch_in_the_server_step_merges_near_and_separates_far_prototypes():
@@ -174,7 +216,7 @@ def test_default_l_contra_trains_at_the_nuclei_temperature():
     gen = torch.Generator().manual_seed(0)
     emb = {b: torch.rand(2, 6, 8, 8, generator=gen).requires_grad_() for b in ("enc", "dec")}
     cents = {b: (torch.rand(3, 6, generator=gen), torch.tensor([0, 1, 1])) for b in emb}
-    contra, consis = method.mp_terms(emb, labels, cents, ctx)
+    contra, consis = method.mp_terms(_fused(emb), labels, cents, ctx)
     grads = torch.autograd.grad(contra, list(emb.values()))
     assert all(g.norm() > 0 for g in grads)
     # L_consis: the code's MSE averaged over the two branches; Eq. 16 (consis_form: sum)
@@ -185,7 +227,7 @@ def test_default_l_contra_trains_at_the_nuclei_temperature():
         per_branch.append(consistency_loss(fg, cents[b][0][1:], "sum"))
     torch.testing.assert_close(consis, sum(per_branch) / 6 / 2)
     eq16 = FedBCS(FedBCS.Config(tau=0.005, consis_form="sum"), method.spec)
-    torch.testing.assert_close(eq16.mp_terms(emb, labels, cents, ctx)[1], sum(per_branch))
+    torch.testing.assert_close(eq16.mp_terms(_fused(emb), labels, cents, ctx)[1], sum(per_branch))
 
 
 def test_gap_gate_pre_activations_are_order_one_at_any_resolution():
@@ -228,24 +270,25 @@ def test_prototype_loss_pulls_foreground_pixels_only_and_vanishes_without_centre
     emb = {"enc": torch.randn(2, 4, 8, 8)}
     cents = (torch.randn(3, 4), torch.tensor([0, 1, 1]))
     none = (torch.zeros(0, 4), torch.zeros(0, dtype=torch.long))
-    assert all(t == 0 for t in method.mp_terms(emb, labels, {"enc": none}, ctx))
-    contra, consis = method.mp_terms(emb, labels, {"enc": cents}, ctx)
+    assert all(t == 0 for t in method.mp_terms(_fused(emb), labels, {"enc": none}, ctx))
+    contra, consis = method.mp_terms(_fused(emb), labels, {"enc": cents}, ctx)
     assert contra > 0 and consis > 0
     moved = {"enc": emb["enc"].clone()}
     moved["enc"][:, :, 6:, 6:] += 5.0  # background pixels only
     assert torch.equal(
-        torch.stack(method.mp_terms(moved, labels, {"enc": cents}, ctx)),
+        torch.stack(method.mp_terms(_fused(moved), labels, {"enc": cents}, ctx)),
         torch.stack([contra, consis]),
     )
     every = FedBCS(FedBCS.Config(tau=0.4, pull="all"), method.spec)
-    assert every.mp_terms(moved, labels, {"enc": cents}, ctx)[1] != consis
+    assert every.mp_terms(_fused(moved), labels, {"enc": cents}, ctx)[1] != consis
     # max_pixels: a cap above the 18 foreground pixels changes nothing, a binding one does
     loose = FedBCS(FedBCS.Config(tau=0.4, max_pixels=18), method.spec)
     torch.testing.assert_close(
-        torch.stack(loose.mp_terms(emb, labels, {"enc": cents}, ctx)), torch.stack([contra, consis])
+        torch.stack(loose.mp_terms(_fused(emb), labels, {"enc": cents}, ctx)),
+        torch.stack([contra, consis]),
     )
     tight = FedBCS(FedBCS.Config(tau=0.4, max_pixels=3), method.spec)
-    assert tight.mp_terms(emb, labels, {"enc": cents}, ctx)[1] != consis
+    assert tight.mp_terms(_fused(emb), labels, {"enc": cents}, ctx)[1] != consis
 
 
 def test_table3_prototype_counts_and_communication():
@@ -332,7 +375,7 @@ def test_cdpa_prototype_is_the_fusion_of_per_level_prototypes():
     with torch.no_grad():
         _, emb = net.embed(x)
         enc = net.backbone.forward_features(x).encoder[:-1]
-        sums, counts = class_sums(emb["enc"], labels, 2)
+        sums, counts = class_sums(emb["enc"].dense(), labels, 2)
         fused = sums / counts[:, None]
         up = [torch.nn.functional.interpolate(m, size=(32, 32), mode="nearest") for m in enc]
         per_level = []

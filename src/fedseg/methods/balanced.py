@@ -16,11 +16,33 @@ import torch
 
 from fedseg.methods.prototypes import resize_labels
 
-__all__ = ["Balance", "balanced_mean", "pixel_weights", "sample_pixels"]
+__all__ = ["Balance", "balanced_mean", "pixel_weights", "sample_indices", "sample_pixels"]
 
 Balance = Literal["classes", "pixels"]
 """``classes``: each class present has the same total weight (mean of per-class means);
 ``pixels``: every sampled pixel the same (background-dominated on most segmentation data)."""
+
+
+def sample_indices(
+    labels: torch.Tensor,
+    size: tuple[int, ...],
+    num_classes: int,
+    cap: int,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(indices [P], classes [P])`` (CPU) of the labelled pixels of ``labels`` ``[B, *S']``
+    resized to ``size`` (legacy nearest; ignored pixels match no class), flat over
+    ``[B, *size]`` and grouped by class, at most ``cap`` per class, drawn without
+    replacement with ``generator`` when a class has more."""
+    y = resize_labels(labels, size).flatten().cpu()
+    picks = []
+    for c in range(num_classes):
+        idx = torch.nonzero(y == c).flatten()
+        if len(idx) > cap:
+            idx = idx[torch.randperm(len(idx), generator=generator)[:cap]]
+        picks.append(idx)
+    chosen = torch.cat(picks)
+    return chosen, y[chosen]
 
 
 def sample_pixels(
@@ -30,21 +52,13 @@ def sample_pixels(
     cap: int,
     generator: torch.Generator,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(features [P, D], classes [P])`` of the labelled pixels of ``features`` ``[B, D, *S]``
-    (labels resized to ``S`` with legacy nearest; ignored pixels match no class), at most
-    ``cap`` per class, drawn without replacement with ``generator`` when a class has more."""
-    y = resize_labels(labels, tuple(features.shape[2:])).flatten().cpu()
+    """``(features [P, D], classes [P])`` of the pixels :func:`sample_indices` draws from
+    ``features`` ``[B, D, *S]``."""
+    chosen, y = sample_indices(labels, tuple(features.shape[2:]), num_classes, cap, generator)
     flat = features.flatten(2)  # [B, D, N]; pixel k of the batch is (k // N, k % N)
-    picks = []
-    for c in range(num_classes):
-        idx = torch.nonzero(y == c).flatten()
-        if len(idx) > cap:
-            idx = idx[torch.randperm(len(idx), generator=generator)[:cap]]
-        picks.append(idx)
-    chosen = torch.cat(picks)
     n = flat.shape[2]
     at = chosen.to(features.device)
-    return flat[at // n, :, at % n], y[chosen].to(features.device)
+    return flat[at // n, :, at % n], y.to(features.device)
 
 
 def pixel_weights(classes: torch.Tensor, balance: Balance = "classes") -> torch.Tensor:

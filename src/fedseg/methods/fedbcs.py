@@ -20,8 +20,11 @@ Alignment for Federated Medical Image Segmentation", AAAI 2026. See docs/methods
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -31,7 +34,7 @@ from torch import nn
 
 from fedseg.errors import ConfigError
 from fedseg.methods.aggregate import weighted_average
-from fedseg.methods.balanced import sample_pixels
+from fedseg.methods.balanced import sample_indices
 from fedseg.methods.base import (
     ClientContext,
     ClientResult,
@@ -49,6 +52,7 @@ from fedseg.methods.base import (
 from fedseg.methods.finch import finch_clusters
 from fedseg.methods.prototypes import (
     PrototypeAccumulator,
+    class_onehot,
     prototype_spec,
     prototype_tensors,
     read_prototypes,
@@ -60,7 +64,7 @@ from fedseg.models.layers import conv, resize_nearest
 from fedseg.models.registry import ModelConfig
 from fedseg.models.unet import UNet, UNetOutput
 
-__all__ = ["FedBCS", "FedBCSNet", "consistency_loss", "contrastive_loss"]
+__all__ = ["FedBCS", "FedBCSNet", "FusedEmbedding", "consistency_loss", "contrastive_loss"]
 
 log = logging.getLogger(__name__)
 
@@ -108,9 +112,9 @@ class FedBCSNet(nn.Module):
     def forward_features(self, x: torch.Tensor) -> UNetOutput:
         return self.backbone.forward_features(x)
 
-    def embed(self, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def embed(self, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, FusedEmbedding]]:
         """``(logits, {"enc": [B, E, *S_enc1], "dec": [B, E, *S_dec<L-2>]})`` (the chosen
-        branches)."""
+        branches, as :class:`FusedEmbedding`)."""
         out = self.backbone.forward_features(x)
         enc = out.encoder[:-1]  # enc1 .. enc<L-1>; the bottleneck is not used
         dec = out.decoder  # dec<L-1> .. dec1
@@ -118,25 +122,109 @@ class FedBCSNet(nn.Module):
         return out.logits, {b: _fuse(*maps[b], convs) for b, convs in self.fusion.items()}
 
 
+@functools.lru_cache(maxsize=64)
+def _nearest_source(steps: tuple[tuple[int, ...], ...]) -> torch.Tensor:
+    """For each pixel of a grid of size ``steps[-1]``, the flat index of the pixel of the
+    grid ``steps[0]`` it comes from when nearest-resized through every size of ``steps``
+    in turn (:func:`~fedseg.models.layers.resize_nearest`, applied to the pixels' indices)."""
+    grid = torch.arange(math.prod(steps[0]), dtype=torch.float64).reshape(1, 1, *steps[0])
+    for size in steps[1:]:
+        grid = resize_nearest(grid, size)
+    return grid.flatten().long()
+
+
+@dataclass(frozen=True)
+class FusedEmbedding:
+    """One branch's fused pixel embedding of Eqs. 10-11, ``[B, E, *size]``, held as its parts.
+
+    Per shallow level: ``near``, the level's half of the 1x1 convolution of
+    ``cat(shallow, up(deep))`` (bias included) at the level's resolution, and ``far``, the
+    deep map's half at the deep resolution (nearest upsampling repeats pixels and the
+    convolution acts per pixel, so the halves add after resizing). A pixel's embedding is the
+    concatenation over levels of ``near[q(p)] + far[r(p)]``, ``q`` and ``r`` being where the
+    literal form's nearest resizes take pixel ``p`` from: :meth:`rows` computes it for the
+    pixels a loss uses and :meth:`class_sums` sums every pixel per class, both without the
+    dense map (:meth:`dense`, ``E`` channels at full resolution, which the losses never need
+    whole). ``rows`` equals the dense map's pixels exactly (the same additions); class sums
+    differ from summing the dense map by float summation order."""
+
+    near: tuple[torch.Tensor, ...]
+    far: tuple[torch.Tensor, ...]
+    size: tuple[int, ...]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """``(B, E, *size)`` of the dense map."""
+        b, dim = self.near[0].shape[:2]
+        return (b, dim * len(self.near), *self.size)
+
+    def _sources(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per level, ``(q, r)``: for each pixel of ``size``, its flat index in the level's
+        grid and in the deep grid."""
+        out = []
+        for n, f in zip(self.near, self.far, strict=True):
+            level, deep = tuple(n.shape[2:]), tuple(f.shape[2:])
+            q = _nearest_source((level, self.size))
+            out.append((q, _nearest_source((deep, level, self.size))))
+        return out
+
+    def dense(self) -> torch.Tensor:
+        """The literal map ``[B, E, *size]``: each level's sum resized to ``size``, concatenated."""
+        parts = [
+            resize_nearest(n + resize_nearest(f, n.shape[2:]), self.size)
+            for n, f in zip(self.near, self.far, strict=True)
+        ]
+        return torch.cat(parts, 1)
+
+    def rows(self, index: torch.Tensor) -> torch.Tensor:
+        """The embeddings ``[P, E]`` of the pixels ``index`` ``[P]``, flat over ``[B, *size]``
+        (pixel k is pixel ``k % N`` of image ``k // N``)."""
+        n = math.prod(self.size)
+        image, pixel = index // n, index % n
+        parts = []
+        for (q, r), near, far in zip(self._sources(), self.near, self.far, strict=True):
+            at_q, at_r = q.to(index.device)[pixel], r.to(index.device)[pixel]
+            parts.append(near.flatten(2)[image, :, at_q] + far.flatten(2)[image, :, at_r])
+        return torch.cat(parts, 1)
+
+    def class_sums(
+        self, labels: torch.Tensor, num_classes: int, ignore_index: int = 255
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-class sums ``[K, E]`` and pixel counts ``[K]`` of the dense map under
+        ``labels`` (as :func:`~fedseg.methods.prototypes.class_sums`), from each level's parts
+        weighted by how many pixels of each class they reach (no gradient)."""
+        near0 = self.near[0]
+        dtype = torch.promote_types(near0.dtype, torch.float32)
+        onehot, counts = class_onehot(
+            labels.to(near0.device), self.size, num_classes, ignore_index, dtype
+        )
+        sums = []
+        with torch.no_grad(), torch.autocast(near0.device.type, enabled=False):
+            for (q, r), near, far in zip(self._sources(), self.near, self.far, strict=True):
+                part = 0
+                for source, grid in ((q, near), (r, far)):
+                    flat = grid.flatten(2).to(dtype)
+                    weight = onehot.new_zeros(flat.shape[0], flat.shape[2], num_classes)
+                    weight.index_add_(1, source.to(near0.device), onehot)
+                    part = part + torch.bmm(flat, weight).sum(0).T
+                sums.append(part)
+        return torch.cat(sums, 1), counts
+
+
 def _fuse(
     shallow: Sequence[torch.Tensor], deep: torch.Tensor, convs: nn.ModuleList
-) -> torch.Tensor:
+) -> FusedEmbedding:
     """Eqs. 10-11: concat(shallow, nearest-upsampled deep) -> 1x1 conv, per shallow level;
-    the results nearest-resized to the first shallow level's size and concatenated.
-
-    Computed without the concatenation: a 1x1 convolution of ``cat(s, up(d))`` is
-    ``W_s s + up(W_d d) + b`` (nearest upsampling repeats pixels, and a 1x1 convolution acts
-    per pixel), so the deep half runs at the deep map's resolution; equal up to float
-    summation order (tested against the concatenated form)."""
+    the results nearest-resized to the first shallow level's size and concatenated, held
+    as :class:`FusedEmbedding` (each convolution split into its shallow and deep halves, the
+    deep half at the deep map's resolution; tested against the concatenated form)."""
     conv_nd = F.conv2d if deep.dim() == 4 else F.conv3d
-    fused = []
+    near, far = [], []
     for s, fuse in zip(shallow, convs, strict=True):
         w = s.shape[1]
-        near = conv_nd(s, fuse.weight[:, :w], fuse.bias)
-        far = conv_nd(deep, fuse.weight[:, w:])
-        fused.append(near + resize_nearest(far, s.shape[2:]))
-    size = fused[0].shape[2:]
-    return torch.cat([resize_nearest(f, size) for f in fused], 1)
+        near.append(conv_nd(s, fuse.weight[:, :w], fuse.bias))
+        far.append(conv_nd(deep, fuse.weight[:, w:]))
+    return FusedEmbedding(tuple(near), tuple(far), tuple(shallow[0].shape[2:]))
 
 
 class _Embedding(nn.Module):
@@ -147,7 +235,7 @@ class _Embedding(nn.Module):
         super().__init__()
         self.net = net
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, FusedEmbedding]]:
         return self.net.embed(x)
 
 
@@ -360,12 +448,12 @@ class FedBCS(Method):
         sums = {"l_contra": 0.0, "l_consis": 0.0}
 
         def loss(
-            out: tuple[torch.Tensor, dict[str, torch.Tensor]], y: torch.Tensor
+            out: tuple[torch.Tensor, dict[str, FusedEmbedding]], y: torch.Tensor
         ) -> torch.Tensor:
             logits, emb = out
             if step[0] >= first:
                 for b, acc in accs.items():
-                    acc.add(emb[b], y)
+                    acc.add_sums(*emb[b].class_sums(y, spec.num_classes, spec.ignore_index))
             step[0] += 1
             contra, consis = self.mp_terms(emb, y, centres, ctx)
             sums["l_contra"] += float(contra.detach())
@@ -378,7 +466,7 @@ class FedBCS(Method):
 
     def mp_terms(
         self,
-        embeddings: Mapping[str, torch.Tensor],
+        embeddings: Mapping[str, FusedEmbedding],
         labels: torch.Tensor,
         centres: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
         ctx: ClientContext,
@@ -389,16 +477,18 @@ class FedBCS(Method):
         e.g. in round 1."""
         cfg, spec = self.config, ctx.spec
         consis_div = 1 if cfg.consis_form == "sum" else len(centres)
-        zero = next(iter(embeddings.values())).new_zeros(())
+        zero = next(iter(embeddings.values())).near[0].new_zeros(())
         contra, consis = zero, zero
         for b, (cents, cls) in centres.items():
             if len(cents) == 0:
                 continue
             emb = embeddings[b]
-            cap = cfg.max_pixels or emb[:, 0].numel()
-            f, y = sample_pixels(emb, labels, spec.num_classes, cap, ctx.generator)
+            cap = cfg.max_pixels or emb.shape[0] * math.prod(emb.size)  # default: all
+            idx, y = sample_indices(labels, emb.size, spec.num_classes, cap, ctx.generator)
             first = 1 if cfg.pull == "foreground" else 0
             classes = [c for c in range(first, spec.num_classes) if (cls == c).any()]
+            pulled = torch.isin(y, torch.tensor(classes, dtype=y.dtype))
+            f, y = emb.rows(idx[pulled].to(cls.device)), y[pulled].to(cls.device)
             terms = []
             for c in classes:
                 fc = f[y == c]

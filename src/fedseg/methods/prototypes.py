@@ -21,6 +21,7 @@ from fedseg.models.layers import resize_nearest
 
 __all__ = [
     "PrototypeAccumulator",
+    "class_onehot",
     "class_sums",
     "prototype_spec",
     "prototype_tensors",
@@ -37,6 +38,22 @@ def resize_labels(labels: torch.Tensor, size: tuple[int, ...]) -> torch.Tensor:
     return resize_nearest(labels[:, None].float(), size)[:, 0].long()
 
 
+def class_onehot(
+    labels: torch.Tensor,
+    size: tuple[int, ...],
+    num_classes: int,
+    ignore_index: int = 255,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(onehot [B, N, K], counts [K])`` of ``labels`` ``[B, *S']`` resized to ``size``
+    (``N`` its pixels): row ``(b, n)`` is pixel n's class; ignored pixels and labels outside
+    ``[0, K)`` are zero rows and count nowhere."""
+    y = resize_labels(labels, size).flatten(1)
+    keep = (y != ignore_index) & (y >= 0) & (y < num_classes)
+    onehot = F.one_hot(torch.where(keep, y, 0), num_classes).to(dtype) * keep[..., None]
+    return onehot, torch.bincount(y[keep], minlength=num_classes)
+
+
 def class_sums(
     features: torch.Tensor, labels: torch.Tensor, num_classes: int, ignore_index: int = 255
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,14 +61,13 @@ def class_sums(
     ``[B, D, *S]`` under ``labels`` ``[B, *S']`` (resized to ``S``); ignored pixels and
     labels outside ``[0, K)`` count nowhere. Sums are in the features' dtype, at least
     float32 (bf16 features are summed in float32)."""
-    y = resize_labels(labels, tuple(features.shape[2:])).flatten(1).to(features.device)
-    keep = (y != ignore_index) & (y >= 0) & (y < num_classes)
     dtype = torch.promote_types(features.dtype, torch.float32)
+    onehot, counts = class_onehot(
+        labels.to(features.device), tuple(features.shape[2:]), num_classes, ignore_index, dtype
+    )
     with torch.autocast(features.device.type, enabled=False):
-        onehot = F.one_hot(torch.where(keep, y, 0), num_classes).to(dtype) * keep[..., None]
         # [B, D, N] @ [B, N, K]: no transposed copy of the (large) feature map
         sums = torch.bmm(features.flatten(2).to(dtype), onehot).sum(0).T
-    counts = torch.bincount(y[keep], minlength=num_classes)
     return sums, counts
 
 
@@ -74,8 +90,12 @@ class PrototypeAccumulator:
         self.counts = torch.zeros(num_classes, dtype=torch.long)
 
     def add(self, features: torch.Tensor, labels: torch.Tensor) -> None:
-        sums, counts = class_sums(features.detach(), labels, self.num_classes, self.ignore_index)
-        sums, counts = sums.cpu().double(), counts.cpu()
+        """Add the pixels of ``features`` ``[B, D, *S]`` under ``labels``."""
+        self.add_sums(*class_sums(features.detach(), labels, self.num_classes, self.ignore_index))
+
+    def add_sums(self, sums: torch.Tensor, counts: torch.Tensor) -> None:
+        """Add one batch given as its class sums ``[K, D]`` and pixel counts ``[K]``."""
+        sums, counts = sums.detach().cpu().double(), counts.cpu()
         if self.mode == "batch_mean":
             seen = counts > 0
             sums[seen] /= counts[seen, None]
