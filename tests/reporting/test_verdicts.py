@@ -276,6 +276,29 @@ def test_a_row_shared_with_another_table_is_copied_not_retrained(tmp_path, monke
         papers.load_paper.cache_clear()
 
 
+def test_rows_run_apart_share_one_page(tmp_path, monkeypatch):
+    # two processes share a table's rows (--row): each page shows every row with kept runs
+    monkeypatch.setattr(papers, "PAPERS_DIR", tmp_path)
+    raw = yaml.safe_load(PAPER)
+    raw["tables"]["t"]["set"].append(f"data.root={tmp_path / 'fed'}")
+    (tmp_path / "toy.yaml").write_text(yaml.safe_dump(raw))
+    papers.load_paper.cache_clear()
+    evidence = tmp_path / "evidence" / "toy-t"
+    try:
+        reproduce("toy", "t", "evidence", tmp_path / "out", rows=["B"], evidence=evidence)
+        assert json.loads((evidence / "summary.json").read_text())["seeds"] == {"B": 1}
+        rep = reproduce("toy", "t", "evidence", tmp_path / "out", rows=["A"], evidence=evidence)
+        assert [r.row.label for r in rep.rows] == ["A", "B"]  # table order, B from its kept run
+        summary = json.loads((evidence / "summary.json").read_text())
+        assert summary["seeds"] == {"A": 1, "B": 1}
+        assert summary["claims"][0]["verdict"] == "unresolved"
+        # without an evidence folder the table holds the rows run
+        solo = reproduce("toy", "t", "smoke", tmp_path / "out2", rows=["B"])
+        assert [r.row.label for r in solo.rows] == ["B"]
+    finally:
+        papers.load_paper.cache_clear()
+
+
 def test_an_interrupted_table_has_a_page_of_the_rows_it_finished(tmp_path, monkeypatch):
     monkeypatch.setattr(papers, "PAPERS_DIR", tmp_path)
     raw = yaml.safe_load(PAPER)

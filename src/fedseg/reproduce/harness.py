@@ -258,15 +258,28 @@ def reproduce(
         evidence = EVIDENCE_ROOT / f"{paper}-{table}"
     stated = {**budget_set, **dict(item.split("=", 1) for item in overrides)}
     chosen = _select(t, rows)
-    done = []
-    for row in chosen:
-        raw, path = row_config(row, budget, budget_set, overrides)
+    done: dict[str, RowResult] = {}
+
+    def page() -> Reproduction:
+        """The finished rows: the ones run here and, on an evidence page, every other row of
+        the table with kept runs (another process may be running them), in table order."""
+        found = [done.get(r.label) or kept_result(r) for r in t.rows] if evidence else []
+        ordered = [r for r in found if r is not None] or list(done.values())
+        return Reproduction(p, t, budget, stated, seeds, ordered, out, evidence=evidence)
+
+    def kept_result(row: PaperRow) -> RowResult | None:
         result = RowResult(row)
-        for k in range(seeds):
-            run_raw = copy.deepcopy(raw)
-            run_raw["seed"] = int(raw.get("seed", 0)) + k
-            name = f"{slug(row.label)}/seed{run_raw['seed']}"
-            cfg = parse_config(run_raw, str(path))
+        for name, _, cfg, _ in _seed_runs(row, budget, budget_set, overrides, seeds):
+            kept = evidence / "runs" / name if evidence else None
+            if kept is not None and finished_run(kept, cfg):
+                result.results.append(json.loads((kept / "results.json").read_text()))
+                result.dirs.append(kept)
+                result.configs.append(cfg.model_dump(mode="json"))
+        return result if result.results else None
+
+    for row in chosen:
+        result = RowResult(row)
+        for name, run_raw, cfg, path in _seed_runs(row, budget, budget_set, overrides, seeds):
             run_dir = out / name
             kept = evidence / "runs" / name if evidence else None
             t0 = time.perf_counter()
@@ -276,7 +289,7 @@ def reproduce(
                 run_dir = kept
                 res = json.loads((kept / "results.json").read_text())
             else:
-                res = run_config(run_raw, run_dir, str(path))
+                res = run_config(run_raw, run_dir, path)
                 if kept is not None:
                     keep_run(run_dir, kept)
             seconds = time.perf_counter() - t0
@@ -285,13 +298,27 @@ def reproduce(
             result.configs.append(cfg.model_dump(mode="json"))
             if on_run:
                 on_run(f"{row.label} (seed {run_raw['seed']})", res, seconds)
-        done.append(result)
+        done[row.label] = result
         if evidence is not None and len(done) < len(chosen):  # the page so far
-            so_far = Reproduction(p, t, budget, stated, seeds, list(done), out, evidence=evidence)
-            _write_pages(so_far, command)
-    rep = Reproduction(p, t, budget, stated, seeds, done, out, evidence=evidence)
+            _write_pages(page(), command)
+    rep = page()
     _write_pages(rep, command)
     return rep
+
+
+def _seed_runs(
+    row: PaperRow, budget: str, budget_set: dict[str, Any], overrides: Sequence[str], seeds: int
+) -> list[tuple[str, dict[str, Any], RunConfig, str]]:
+    """Per seed of ``row``: its run name (``<row>/seed<k>``), raw config, parsed config and
+    the config file it came from."""
+    raw, path = row_config(row, budget, budget_set, overrides)
+    out = []
+    for k in range(seeds):
+        run_raw = copy.deepcopy(raw)
+        run_raw["seed"] = int(raw.get("seed", 0)) + k
+        name = f"{slug(row.label)}/seed{run_raw['seed']}"
+        out.append((name, run_raw, parse_config(run_raw, str(path)), str(path)))
+    return out
 
 
 def _write_pages(rep: Reproduction, command: str | None) -> None:
