@@ -212,127 +212,115 @@ tables:
 """
 
 
-def test_identical_configs_end_to_end_and_the_evidence_folder(tmp_path, monkeypatch):
+@pytest.fixture
+def toy_paper(tmp_path, monkeypatch):
+    """``write(raw)``: the toy paper file in ``tmp_path`` (the paper index and its cache
+    pointed there for the test); ``raw`` starts as :data:`PAPER` with table t's data in
+    ``tmp_path``."""
     monkeypatch.setattr(papers, "PAPERS_DIR", tmp_path)
     raw = yaml.safe_load(PAPER)
     raw["tables"]["t"]["set"].append(f"data.root={tmp_path / 'fed'}")
+
+    def write(edited: dict) -> None:
+        (tmp_path / "toy.yaml").write_text(yaml.safe_dump(edited))
+        papers.load_paper.cache_clear()
+
+    yield raw, write
+    papers.load_paper.cache_clear()
+
+
+def test_identical_configs_end_to_end_and_the_evidence_folder(tmp_path, toy_paper):
+    raw, write = toy_paper
     raw["tables"]["t"]["notes"] = ["Row B starts from random weights, the paper's from ImageNet."]
     other = raw["tables"]["u"] = copy.deepcopy(raw["tables"]["t"])
     other["claims"] = [{**other["claims"][0], "id": "b-beats-a", "says": "B beats A"}]
     other["claims"][0].update(better="B", than="A")
-    (tmp_path / "toy.yaml").write_text(yaml.safe_dump(raw))
-    papers.load_paper.cache_clear()
+    write(raw)
     evidence = tmp_path / "evidence" / "toy-t"
-    try:
-        rep = reproduce("toy", "t", "evidence", tmp_path / "out", evidence=evidence, command="x")
-        (v,) = rep.analysis.claims
-        assert v.verdict == "unresolved" and v.comparisons[0].stats.p == 1.0
-        for name in ("table.md", "table.csv", "claims.csv", "strip.png", "command.txt"):
-            assert (evidence / name).is_file()
-        assert "- Row B starts from random weights" in (evidence / "table.md").read_text()
-        kept = evidence / "runs" / "a" / "seed0"
-        assert sorted(p.name for p in kept.iterdir()) == sorted(
-            ["cases.csv", "config.yaml", "results.json", "rounds.jsonl"]
-        )
-        index = (tmp_path / "evidence" / "README.md").read_text()
-        # one claim, run and unresolved; the paper's other table not run yet
-        assert "| Toy paper | 2 | 0 | 0 | 1 | 0 | 1 |" in index
-        assert "| a-beats-b | A beats B | unresolved |" in index
-        assert "| b-beats-a | B beats A | not run |" in index
-        assert "| toyfed | toy | train.rounds=2 | converged |" in index  # the budgets table
-        # a committed finished run counts as done on another machine: nothing is retrained
-        shutil.rmtree(tmp_path / "out")
-        rep2 = reproduce("toy", "t", "evidence", tmp_path / "out", evidence=evidence)
-        assert not (tmp_path / "out" / "a").exists()
-        assert rep2.rows[0].dirs[0] == kept
-        claims = list(csv.DictReader((evidence / "claims.csv").open()))
-        assert claims[0]["verdict"] == "unresolved" and float(claims[0]["p"]) == 1.0
-    finally:
-        papers.load_paper.cache_clear()
+    rep = reproduce("toy", "t", "evidence", tmp_path / "out", evidence=evidence, command="x")
+    (v,) = rep.analysis.claims
+    assert v.verdict == "unresolved" and v.comparisons[0].stats.p == 1.0
+    for name in ("table.md", "table.csv", "claims.csv", "strip.png", "command.txt"):
+        assert (evidence / name).is_file()
+    assert "- Row B starts from random weights" in (evidence / "table.md").read_text()
+    kept = evidence / "runs" / "a" / "seed0"
+    assert sorted(p.name for p in kept.iterdir()) == sorted(
+        ["cases.csv", "config.yaml", "results.json", "rounds.jsonl"]
+    )
+    index = (tmp_path / "evidence" / "README.md").read_text()
+    # one claim, run and unresolved; the paper's other table not run yet
+    assert "| Toy paper | 2 | 0 | 0 | 1 | 0 | 1 |" in index
+    assert "| a-beats-b | A beats B | unresolved |" in index
+    assert "| b-beats-a | B beats A | not run |" in index
+    assert "| toyfed | toy | train.rounds=2 | converged |" in index  # the budgets table
+    # a committed finished run counts as done on another machine: nothing is retrained
+    shutil.rmtree(tmp_path / "out")
+    rep2 = reproduce("toy", "t", "evidence", tmp_path / "out", evidence=evidence)
+    assert not (tmp_path / "out" / "a").exists()
+    assert rep2.rows[0].dirs[0] == kept
+    claims = list(csv.DictReader((evidence / "claims.csv").open()))
+    assert claims[0]["verdict"] == "unresolved" and float(claims[0]["p"]) == 1.0
 
 
-def test_a_row_shared_with_another_table_is_copied_not_retrained(tmp_path, monkeypatch):
-    monkeypatch.setattr(papers, "PAPERS_DIR", tmp_path)
-    raw = yaml.safe_load(PAPER)
-    raw["tables"]["t"]["set"].append(f"data.root={tmp_path / 'fed'}")
+def test_a_row_shared_with_another_table_is_copied_not_retrained(tmp_path, toy_paper):
+    raw, write = toy_paper
     other = raw["tables"]["u"] = copy.deepcopy(raw["tables"]["t"])
     other["rows"][1]["set"] = ["train.lr=0.002"]  # B differs in u: trained there
     other["claims"] = [{**other["claims"][0], "id": "u-a-beats-b"}]
-    (tmp_path / "toy.yaml").write_text(yaml.safe_dump(raw))
-    papers.load_paper.cache_clear()
+    write(raw)
     root = tmp_path / "evidence"
-    try:
-        reproduce("toy", "t", "evidence", tmp_path / "out-t", evidence=root / "toy-t")
-        rep = reproduce("toy", "u", "evidence", tmp_path / "out-u", evidence=root / "toy-u")
-        copied = root / "toy-u" / "runs" / "a" / "seed0"
-        assert not (tmp_path / "out-u" / "a").exists()  # A: the same config, not retrained
-        assert rep.rows[0].dirs[0] == copied
-        assert "copied from toy-t/runs/a/seed0" in (copied / "origin.txt").read_text()
-        source = root / "toy-t" / "runs" / "a" / "seed0" / "results.json"
-        assert (copied / "results.json").read_bytes() == source.read_bytes()
-        assert (tmp_path / "out-u" / "b" / "seed0" / "results.json").is_file()  # B: trained
-        assert not (root / "toy-u" / "runs" / "b" / "seed0" / "origin.txt").exists()
-    finally:
-        papers.load_paper.cache_clear()
+    reproduce("toy", "t", "evidence", tmp_path / "out-t", evidence=root / "toy-t")
+    rep = reproduce("toy", "u", "evidence", tmp_path / "out-u", evidence=root / "toy-u")
+    copied = root / "toy-u" / "runs" / "a" / "seed0"
+    assert not (tmp_path / "out-u" / "a").exists()  # A: the same config, not retrained
+    assert rep.rows[0].dirs[0] == copied
+    assert "copied from toy-t/runs/a/seed0" in (copied / "origin.txt").read_text()
+    source = root / "toy-t" / "runs" / "a" / "seed0" / "results.json"
+    assert (copied / "results.json").read_bytes() == source.read_bytes()
+    assert (tmp_path / "out-u" / "b" / "seed0" / "results.json").is_file()  # B: trained
+    assert not (root / "toy-u" / "runs" / "b" / "seed0" / "origin.txt").exists()
 
 
-def test_rows_run_apart_share_one_page(tmp_path, monkeypatch):
+def test_rows_run_apart_share_one_page(tmp_path, toy_paper):
     # two processes share a table's rows (--row): each page shows every row with kept runs
-    monkeypatch.setattr(papers, "PAPERS_DIR", tmp_path)
-    raw = yaml.safe_load(PAPER)
-    raw["tables"]["t"]["set"].append(f"data.root={tmp_path / 'fed'}")
-    (tmp_path / "toy.yaml").write_text(yaml.safe_dump(raw))
-    papers.load_paper.cache_clear()
+    raw, write = toy_paper
+    write(raw)
     evidence = tmp_path / "evidence" / "toy-t"
-    try:
-        reproduce("toy", "t", "evidence", tmp_path / "out", rows=["B"], evidence=evidence)
-        assert json.loads((evidence / "summary.json").read_text())["seeds"] == {"B": 1}
-        rep = reproduce("toy", "t", "evidence", tmp_path / "out", rows=["A"], evidence=evidence)
-        assert [r.row.label for r in rep.rows] == ["A", "B"]  # table order, B from its kept run
-        summary = json.loads((evidence / "summary.json").read_text())
-        assert summary["seeds"] == {"A": 1, "B": 1}
-        assert summary["claims"][0]["verdict"] == "unresolved"
-        # without an evidence folder the table holds the rows run
-        solo = reproduce("toy", "t", "smoke", tmp_path / "out2", rows=["B"])
-        assert [r.row.label for r in solo.rows] == ["B"]
-    finally:
-        papers.load_paper.cache_clear()
+    reproduce("toy", "t", "evidence", tmp_path / "out", rows=["B"], evidence=evidence)
+    assert json.loads((evidence / "summary.json").read_text())["seeds"] == {"B": 1}
+    rep = reproduce("toy", "t", "evidence", tmp_path / "out", rows=["A"], evidence=evidence)
+    assert [r.row.label for r in rep.rows] == ["A", "B"]  # table order, B from its kept run
+    summary = json.loads((evidence / "summary.json").read_text())
+    assert summary["seeds"] == {"A": 1, "B": 1}
+    assert summary["claims"][0]["verdict"] == "unresolved"
+    # without an evidence folder the table holds the rows run
+    solo = reproduce("toy", "t", "smoke", tmp_path / "out2", rows=["B"])
+    assert [r.row.label for r in solo.rows] == ["B"]
 
 
-def test_an_interrupted_table_has_a_page_of_the_rows_it_finished(tmp_path, monkeypatch):
-    monkeypatch.setattr(papers, "PAPERS_DIR", tmp_path)
-    raw = yaml.safe_load(PAPER)
-    raw["tables"]["t"]["set"].append(f"data.root={tmp_path / 'fed'}")
-    (tmp_path / "toy.yaml").write_text(yaml.safe_dump(raw))
-    papers.load_paper.cache_clear()
+def test_an_interrupted_table_has_a_page_of_the_rows_it_finished(tmp_path, toy_paper):
+    raw, write = toy_paper
+    write(raw)
     evidence = tmp_path / "evidence" / "toy-t"
 
     def stop_at_b(name, *_):
         if name.startswith("B"):
             raise KeyboardInterrupt
 
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            reproduce("toy", "t", "evidence", tmp_path / "out", evidence=evidence, on_run=stop_at_b)
-        summary = json.loads((evidence / "summary.json").read_text())
-        assert summary["seeds"] == {"A": 1}  # row A's page, written before B ran
-        assert summary["claims"][0]["verdict"] == "not run"
-        assert "| a-beats-b | A beats B | not run |" in (evidence.parent / "README.md").read_text()
-    finally:
-        papers.load_paper.cache_clear()
+    with pytest.raises(KeyboardInterrupt):
+        reproduce("toy", "t", "evidence", tmp_path / "out", evidence=evidence, on_run=stop_at_b)
+    summary = json.loads((evidence / "summary.json").read_text())
+    assert summary["seeds"] == {"A": 1}  # row A's page, written before B ran
+    assert summary["claims"][0]["verdict"] == "not run"
+    assert "| a-beats-b | A beats B | not run |" in (evidence.parent / "README.md").read_text()
 
 
-def test_table_notes_must_be_sentences(tmp_path, monkeypatch):
-    monkeypatch.setattr(papers, "PAPERS_DIR", tmp_path)
-    raw = yaml.safe_load(PAPER)
+def test_table_notes_must_be_sentences(toy_paper):
+    raw, write = toy_paper
     raw["tables"]["t"]["notes"] = "one string, not a list"
-    (tmp_path / "toy.yaml").write_text(yaml.safe_dump(raw))
-    papers.load_paper.cache_clear()
-    try:
-        with pytest.raises(ConfigError, match=r"tables\.t\.notes: expected a list"):
-            papers.load_paper("toy")
-    finally:
-        papers.load_paper.cache_clear()
+    write(raw)
+    with pytest.raises(ConfigError, match=r"tables\.t\.notes: expected a list"):
+        papers.load_paper("toy")
 
 
 def test_report_tests_each_row_against_the_first_on_paired_cases(runs):
