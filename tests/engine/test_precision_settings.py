@@ -92,6 +92,9 @@ def test_results_record_the_precision_the_run_used(tmp_path, monkeypatch, flags)
     amp = "bf16" if flags else "off"
     assert res["precision"] == {"amp": amp, "channels_last": True, "native_bf16": bool(flags)}
     assert seen and set(seen) == {amp}  # every site step ran at the recorded precision
+    # and the machine, for reading its timings
+    assert res["machine"]["device"] == "cpu" and res["machine"]["torch"] == torch.__version__
+    assert res["machine"]["cpu"] and res["machine"]["cores"] >= 1
     # reproduce reuses an auto run only on hardware where auto resolves the same way
     assert finished_run(tmp_path / "run", cfg)
     monkeypatch.setattr(training, "cpu_flags", lambda: frozenset({"amx_bf16"} - flags))

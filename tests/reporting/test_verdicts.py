@@ -242,7 +242,10 @@ def test_identical_configs_end_to_end_and_the_evidence_folder(tmp_path, toy_pape
     assert v.verdict == "unresolved" and v.comparisons[0].stats.p == 1.0
     for name in ("table.md", "table.csv", "claims.csv", "strip.png", "command.txt"):
         assert (evidence / name).is_file()
-    assert "- Row B starts from random weights" in (evidence / "table.md").read_text()
+    page = (evidence / "table.md").read_text()
+    assert "- Row B starts from random weights" in page
+    assert "Runs per machine (times compare only within one): " in page  # this CPU: 2 runs
+    assert ": 2." in page.split("Runs per machine")[1].splitlines()[0]
     kept = evidence / "runs" / "a" / "seed0"
     assert sorted(p.name for p in kept.iterdir()) == sorted(
         ["cases.csv", "config.yaml", "results.json", "rounds.jsonl"]

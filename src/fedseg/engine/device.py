@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import platform
+from pathlib import Path
+
 import torch
 
 from fedseg.errors import ConfigError
 
-__all__ = ["resolve_device"]
+__all__ = ["machine", "resolve_device"]
 
 
 def resolve_device(name: str, setting: str = "engine.device") -> torch.device:
@@ -41,3 +45,28 @@ def resolve_device(name: str, setting: str = "engine.device") -> torch.device:
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise ConfigError(f"{setting}: 'mps' requested but this machine has no Apple GPU; use cpu")
     return device
+
+
+def _cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux, else :func:`platform.processor`)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def machine(device: torch.device) -> dict[str, str | int]:
+    """What a run ran on, for reading its timings: the CPU model and cores, torch's threads,
+    the device (with the GPU's name) and the torch version."""
+    name = str(device)
+    if device.type == "cuda":
+        name = f"{device} ({torch.cuda.get_device_name(device)})"
+    return {
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count() or 0,
+        "threads": torch.get_num_threads(),
+        "device": name,
+        "torch": torch.__version__,
+    }

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from fedseg.config import RunConfig, dump_config
-from fedseg.engine.device import resolve_device
+from fedseg.engine.device import machine, resolve_device
 from fedseg.engine.link import Failure, Link, Replies
 from fedseg.engine.results import build_results, communication_summary, validate_evaluation
 from fedseg.engine.rundir import SAFE_RESUME_CHANGES, RunDir, config_changes
@@ -430,6 +430,7 @@ class Federation:
             "channels_last": used.channels_last,
             "native_bf16": native_bf16(device),
         }
+        results["machine"] = machine(device)
         if cfg.privacy.enabled:
             results["privacy"] = privacy_report(cfg.privacy, rounds)
         self.dir.write_results(results)

@@ -59,6 +59,17 @@ def _diff(c: Comparison) -> str:
     return f"{_num(s.median)} [{_num(s.low)}, {_num(s.high)}]"
 
 
+def _machines_line(rep: Reproduction) -> str:
+    """Which CPUs the runs ran on (wall and CPU seconds compare only within one)."""
+    counts: dict[str, int] = {}
+    for rr in rep.rows:
+        for res in rr.results:
+            cpu = (res.get("machine") or {}).get("cpu", "not recorded (runs before 2026-11-27)")
+            counts[cpu] = counts.get(cpu, 0) + 1
+    where = "; ".join(f"{cpu}: {n}" for cpu, n in sorted(counts.items()))
+    return f"Runs per machine (times compare only within one): {where}."
+
+
 def render_markdown(rep: Reproduction) -> str:
     """The page: rows over seeds beside the paper, rows against the references, claims."""
     t, a = rep.table, rep.analysis
@@ -96,6 +107,7 @@ def render_markdown(rep: Reproduction) -> str:
         cells += ["—" if v is None else f"{v:g}" for v in published]
         cells += [f"{rr.seconds:.0f}", f"{rr.cpu_seconds:.0f}"]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", _machines_line(rep)]
     if t.notes:
         lines += ["", "Notes:", ""] + [f"- {n}" for n in t.notes]
     if a is None:
