@@ -174,7 +174,8 @@ def reproduce(
         Path | None,
         typer.Option(
             help="Folder for the table's page and the small files of every finished run "
-            "(runs there count as done; default with --budget evidence: docs/evidence/PAPER-TABLE)."
+            "(runs there count as done; default with --budget evidence and no --set: "
+            "docs/evidence/PAPER-TABLE, which keeps the evidence budget only)."
         ),
     ] = None,
     calibrate: Annotated[
@@ -233,6 +234,8 @@ def reproduce(
     console.print(f"wrote {rep.out / 'table.md'}, table.csv and claims.csv")
     if rep.evidence:
         console.print(f"evidence page: {rep.evidence / 'table.md'}")
+    elif budget == "evidence":
+        console.print("--set changes the evidence budget: no evidence page (give --evidence DIR)")
 
 
 @app.command()

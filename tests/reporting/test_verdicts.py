@@ -284,6 +284,32 @@ def test_a_row_shared_with_another_table_is_copied_not_retrained(tmp_path, toy_p
     assert not (root / "toy-u" / "runs" / "b" / "seed0" / "origin.txt").exists()
 
 
+def test_an_evidence_folder_keeps_one_budget(tmp_path, toy_paper, monkeypatch):
+    raw, write = toy_paper
+    write(raw)
+    evidence = tmp_path / "evidence" / "toy-t"
+    reproduce("toy", "t", "evidence", tmp_path / "out", rows=["A"], evidence=evidence)
+    kept = (evidence / "runs" / "a" / "seed0" / "results.json").read_bytes()
+    # another budget into the same folder: refused before training, the kept run untouched
+    with pytest.raises(ConfigError, match=r"train\.rounds=2, this run has 3.*own --evidence"):
+        reproduce(
+            "toy",
+            "t",
+            "evidence",
+            tmp_path / "o2",
+            overrides=["train.rounds=3"],
+            rows=["A"],
+            evidence=evidence,
+        )
+    assert (evidence / "runs" / "a" / "seed0" / "results.json").read_bytes() == kept
+    # --set without --evidence: no default evidence folder (it would mix budgets)
+    monkeypatch.chdir(tmp_path)
+    rep = reproduce(
+        "toy", "t", "evidence", tmp_path / "o3", overrides=["train.rounds=3"], rows=["A"]
+    )
+    assert rep.evidence is None and not (tmp_path / "docs").exists()
+
+
 def test_rows_run_apart_share_one_page(tmp_path, toy_paper):
     # two processes share a table's rows (--row): each page shows every row with kept runs
     raw, write = toy_paper

@@ -34,7 +34,7 @@ from fedseg.methods.training import native_bf16
 from fedseg.reproduce.evidence import write_index, write_table
 from fedseg.reproduce.papers import Paper, PaperRow, PaperTable, load_paper
 from fedseg.reproduce.rows import Reproduction, RowResult
-from fedseg.reproduce.verdicts import analyse
+from fedseg.reproduce.verdicts import analyse, setting_difference
 
 __all__ = [
     "BUDGETS",
@@ -174,6 +174,24 @@ def keep_run(run_dir: Path, store: Path) -> None:
             shutil.copyfile(run_dir / name, store / name)
 
 
+def refuse_other_budget(kept: Path, cfg: RunConfig) -> None:
+    """ConfigError if ``kept`` holds a finished run of other data or another budget than
+    ``cfg`` (:data:`~fedseg.reproduce.verdicts.COMPARED_SETTINGS`): an evidence folder keeps
+    one budget, and training ``cfg`` would replace that run. (A run of the same budget under
+    an older default is replaced: that is how a table follows a changed default.)"""
+    done = kept / "config.yaml"
+    if not (done.is_file() and (kept / "results.json").is_file()):
+        return
+    stored = parse_config(from_run_dump(yaml.safe_load(done.read_text()) or {}), str(done))
+    diff = setting_difference(stored.model_dump(mode="json"), cfg.model_dump(mode="json"))
+    if diff:
+        key, was, now = diff
+        raise ConfigError(
+            f"{kept} holds a finished run with {key}={was!r}, this run has {now!r}: an evidence "
+            "folder keeps one budget; give other settings their own --evidence DIR (or none)"
+        )
+
+
 ORIGIN_FILE = "origin.txt"
 """Beside a run copied from another table's evidence folder: where it was copied from."""
 
@@ -243,7 +261,8 @@ def reproduce(
     1-based index) ``seeds`` times each at ``budget``; ``overrides`` (``key=value``) come
     last. Writes ``OUT/<row>/seed<k>`` run directories and ``OUT/table.md`` / ``table.csv``
     with the statistics and the claims' verdicts. With an ``evidence`` folder (the default
-    for ``--budget evidence``: docs/evidence/<paper>-<table>) a run whose small files are
+    for ``--budget evidence`` without ``overrides``: docs/evidence/<paper>-<table>, which
+    keeps that budget alone: see :func:`refuse_other_budget`) a run whose small files are
     there with the same config counts as done, each new run's small files are copied there
     and the table page is written there too (with ``command``), after every row, so an
     interrupted table has a page of the rows it finished.
@@ -254,8 +273,8 @@ def reproduce(
     t = p.table(table)
     budget_set = budget_overrides(budget, p, t)
     out = out or Path("runs") / "reproduce" / f"{paper}-{table}-{budget}"
-    if evidence is None and budget == "evidence":
-        evidence = EVIDENCE_ROOT / f"{paper}-{table}"
+    if evidence is None and budget == "evidence" and not overrides:
+        evidence = EVIDENCE_ROOT / f"{paper}-{table}"  # the table's page holds its budget only
     stated = {**budget_set, **dict(item.split("=", 1) for item in overrides)}
     chosen = _select(t, rows)
     done: dict[str, RowResult] = {}
@@ -284,6 +303,7 @@ def reproduce(
             kept = evidence / "runs" / name if evidence else None
             t0 = time.perf_counter()
             if kept is not None and not finished_run(kept, cfg):
+                refuse_other_budget(kept, cfg)
                 reuse_kept_elsewhere(kept, evidence.parent, paper, cfg)
             if kept is not None and finished_run(kept, cfg):
                 run_dir = kept

@@ -35,6 +35,7 @@ __all__ = [
     "TableAnalysis",
     "analyse",
     "config_difference",
+    "setting_difference",
 ]
 
 COMPARED_SETTINGS = (
@@ -70,14 +71,23 @@ def _get(cfg: Mapping[str, Any], dotted: str) -> Any:
     return node
 
 
+def setting_difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[str, Any, Any] | None:
+    """The first of :data:`COMPARED_SETTINGS` in which the resolved configs ``a`` and ``b``
+    differ, with both values (None if they share the data and the budget)."""
+    for key in COMPARED_SETTINGS:
+        va, vb = _get(a, key), _get(b, key)
+        if va != vb:
+            return key, va, vb
+    return None
+
+
 def config_difference(a: RowRuns, b: RowRuns) -> str | None:
     """Why the cases of ``a`` and ``b`` cannot be compared (None if they can)."""
     if a.seeds != b.seeds:
         return f"{a.label!r} ran seeds {a.seeds}, {b.label!r} seeds {b.seeds}"
-    for key in COMPARED_SETTINGS:
-        va, vb = _get(a.configs[0], key), _get(b.configs[0], key)
-        if va != vb:
-            return f"{key} differs: {a.label!r} ran {va!r}, {b.label!r} ran {vb!r}"
+    if diff := setting_difference(a.configs[0], b.configs[0]):
+        key, va, vb = diff
+        return f"{key} differs: {a.label!r} ran {va!r}, {b.label!r} ran {vb!r}"
     return None
 
 
