@@ -224,7 +224,7 @@ def reproduce(
             row,
             on_run=done,
             evidence=evidence,
-            command=shlex.join(["fedseg", *sys.argv[1:]]),
+            command=shlex.join(["fedseg", *_without_rows(sys.argv[1:])]),
         )
     except FedsegError as e:
         fail(e)
@@ -236,6 +236,20 @@ def reproduce(
         console.print(f"evidence page: {rep.evidence / 'table.md'}")
     elif budget == "evidence":
         console.print("--set changes the evidence budget: no evidence page (give --evidence DIR)")
+
+
+def _without_rows(args: list[str]) -> list[str]:
+    """``args`` without ``--row`` items: an evidence page shows every row with kept runs,
+    so the command that reproduces it is the whole table's."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a == "--row":
+            skip = True
+        elif not a.startswith("--row="):
+            out.append(a)
+    return out
 
 
 @app.command()

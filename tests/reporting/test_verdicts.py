@@ -310,7 +310,7 @@ def test_an_evidence_folder_keeps_one_budget(tmp_path, toy_paper, monkeypatch):
     assert rep.evidence is None and not (tmp_path / "docs").exists()
 
 
-def test_rows_run_apart_share_one_page(tmp_path, toy_paper):
+def test_rows_run_apart_share_one_page(tmp_path, toy_paper, monkeypatch):
     # two processes share a table's rows (--row): each page shows every row with kept runs
     raw, write = toy_paper
     write(raw)
@@ -325,6 +325,19 @@ def test_rows_run_apart_share_one_page(tmp_path, toy_paper):
     # without an evidence folder the table holds the rows run
     solo = reproduce("toy", "t", "smoke", tmp_path / "out2", rows=["B"])
     assert [r.row.label for r in solo.rows] == ["B"]
+    # the page's command is the whole table's: the rows it shows came from any process
+    from typer.testing import CliRunner
+
+    from fedseg.cli import app
+
+    args = ["reproduce", "toy", "t", "--budget", "evidence", "--row", "A", "--out"]
+    args += [str(tmp_path / "out"), "--evidence", str(evidence)]
+    monkeypatch.setattr("sys.argv", ["fedseg", *args])  # what the command line records
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    command = (evidence / "command.txt").read_text().strip()
+    assert command.startswith("fedseg reproduce toy t --budget evidence --out ")
+    assert "--row" not in command
 
 
 def test_an_interrupted_table_has_a_page_of_the_rows_it_finished(tmp_path, toy_paper):
