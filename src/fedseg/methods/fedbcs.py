@@ -201,14 +201,18 @@ class FusedEmbedding:
         sums = []
         with torch.no_grad(), torch.autocast(near0.device.type, enabled=False):
             for (q, r), near, far in zip(self._sources(), self.near, self.far, strict=True):
-                part = 0
-                for source, grid in ((q, near), (r, far)):
-                    flat = grid.flatten(2).to(dtype)
-                    weight = onehot.new_zeros(flat.shape[0], flat.shape[2], num_classes)
-                    weight.index_add_(1, source.to(near0.device), onehot)
-                    part = part + torch.bmm(flat, weight).sum(0).T
-                sums.append(part)
+                sums.append(_reached_sums(near, q, onehot) + _reached_sums(far, r, onehot))
         return torch.cat(sums, 1), counts
+
+
+def _reached_sums(grid: torch.Tensor, source: torch.Tensor, onehot: torch.Tensor) -> torch.Tensor:
+    """Class sums ``[K, D]`` of ``grid`` ``[B, D, *S]``, each of its pixels weighted by the
+    pixels of each class (``onehot`` ``[B, N, K]``) that take their value from it
+    (``source`` ``[N]``: the index in ``grid`` of each of the N pixels)."""
+    flat = grid.flatten(2).to(onehot.dtype)
+    weight = onehot.new_zeros(flat.shape[0], flat.shape[2], onehot.shape[2])
+    weight.index_add_(1, source.to(onehot.device), onehot)
+    return torch.bmm(flat, weight).sum(0).T
 
 
 def _fuse(

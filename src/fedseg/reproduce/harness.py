@@ -127,6 +127,18 @@ def _comparable(cfg: RunConfig) -> dict[str, Any]:
     return d
 
 
+def _stored_config(run_dir: Path) -> RunConfig | None:
+    """The config of the finished run in ``run_dir`` (its ``config.yaml`` beside a
+    ``results.json``), or None where there is none or it no longer parses."""
+    done = run_dir / "config.yaml"
+    if not (done.is_file() and (run_dir / "results.json").is_file()):
+        return None
+    try:
+        return parse_config(from_run_dump(yaml.safe_load(done.read_text()) or {}), str(done))
+    except (ConfigError, yaml.YAMLError):
+        return None
+
+
 def finished_run(run_dir: Path, cfg: RunConfig) -> bool:
     """Whether ``run_dir`` holds a finished run of ``cfg``: its results, cases and a config
     that resolves to the same settings (a setting added since, at its default, still
@@ -134,14 +146,10 @@ def finished_run(run_dir: Path, cfg: RunConfig) -> bool:
     :data:`RESULT_NEUTRAL_ENGINE`, are not compared). Under ``engine.amp: auto`` the run
     must also have been made on hardware that, like this one, does (or does not) compute
     bf16 natively: ``auto`` resolves differently there."""
-    done = run_dir / "config.yaml"
-    if not all((run_dir / f).is_file() for f in ("config.yaml", "results.json", "cases.csv")):
+    if not (run_dir / "cases.csv").is_file():
         return False
-    try:
-        stored = parse_config(from_run_dump(yaml.safe_load(done.read_text()) or {}), str(done))
-    except (ConfigError, yaml.YAMLError):
-        return False
-    if _comparable(stored) != _comparable(cfg):
+    stored = _stored_config(run_dir)
+    if stored is None or _comparable(stored) != _comparable(cfg):
         return False
     if cfg.engine.amp != "auto":
         return True
@@ -179,10 +187,9 @@ def refuse_other_budget(kept: Path, cfg: RunConfig) -> None:
     ``cfg`` (:data:`~fedseg.reproduce.verdicts.COMPARED_SETTINGS`): an evidence folder keeps
     one budget, and training ``cfg`` would replace that run. (A run of the same budget under
     an older default is replaced: that is how a table follows a changed default.)"""
-    done = kept / "config.yaml"
-    if not (done.is_file() and (kept / "results.json").is_file()):
+    stored = _stored_config(kept)
+    if stored is None:
         return
-    stored = parse_config(from_run_dump(yaml.safe_load(done.read_text()) or {}), str(done))
     diff = setting_difference(stored.model_dump(mode="json"), cfg.model_dump(mode="json"))
     if diff:
         key, was, now = diff
