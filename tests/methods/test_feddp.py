@@ -105,6 +105,12 @@ def test_disagreement_and_weighted_bce():
     )
     torch.testing.assert_close(half, ref)
     assert full > 0
+    # bf16 logits (under autocast): the BCE of probabilities runs in float32 (CUDA's autocast
+    # refuses it) and agrees with the float32 loss
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = uncertainty_weighted_bce(logits.bfloat16(), labels, torch.ones_like(logits), 255)
+    assert low.dtype == torch.float32
+    torch.testing.assert_close(low, half, atol=0.02, rtol=0.02)
 
 
 def test_backbone_choice_and_bad_query_are_named():

@@ -3,7 +3,7 @@ import torch
 
 from fedseg.engine.simulation import Simulation
 from fedseg.methods import Payload, ServerContext, TrainSettings, get_method
-from fedseg.methods.fedlc import PEER, FedLC, contrast_loss
+from fedseg.methods.fedlc import PEER, FedLC, contrast_loss, peer_heads
 from fedseg.models.fedlc_net import ChannelSelection, FedLCNet, disagreement_peaks
 from fedseg.testing import toy_federation
 
@@ -108,6 +108,8 @@ def test_eval_model_calibrates_with_every_sites_head_and_own_embedding():
     net = sim.method.eval_model(sim.payloads["site2"], sim.states["site2"], ctx)
     assert isinstance(net, FedLCNet) and net.site == 2 and net.calibrate
     assert len(net.peer_heads) == 3
+    meta = peer_heads(sim.payloads["site2"], 3, torch.device("meta"))  # moved to the device
+    assert all(w.device.type == b.device.type == "meta" for w, b in meta)
     torch.testing.assert_close(net.peer_heads[2][0], net.decoder.head.weight)  # own head
     x = sim.sites["site2"].test_images[:2]
     net.eval()

@@ -110,3 +110,16 @@ def test_bad_settings():
         FSR(4, gate="sigmoid")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="temperature"):
         FSR(4, temperature=0)
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_bfloat16_maps_are_recalibrated_in_float32(autocast):
+    """torch's FFTs take no bfloat16: FSR computes in float32 under bf16 autocast (a conv's
+    output) and for bf16 input, and matches the float32 result."""
+    fsr = FSR(3)
+    x = _styled(torch.randn(2, 3, 16, 16), 0)
+    ref = fsr(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        out = fsr(x.bfloat16())
+    assert out.dtype == torch.float32 and torch.isfinite(out).all()
+    torch.testing.assert_close(out, ref, atol=0.1, rtol=0.05)

@@ -20,6 +20,7 @@ from fedseg.engine.sites import SiteData
 from fedseg.engine.worker import SiteWorker
 from fedseg.methods import ClientContext, FederationSpec, Method, Payload, State, TrainSettings
 from fedseg.methods.base import Template
+from fedseg.methods.training import Precision
 
 __all__ = ["Simulation"]
 
@@ -30,7 +31,9 @@ class Simulation:
     stops them).
 
     ``sites`` are the real sites (a pooled method trains one virtual site on their union and
-    is evaluated on each of them).
+    is evaluated on each of them). ``precision`` is the run's ``engine.amp`` and
+    ``engine.channels_last`` (default float32, contiguous; ``auto`` values are resolved per
+    network and device as in a run).
     """
 
     def __init__(
@@ -43,6 +46,7 @@ class Simulation:
         device: torch.device | str = "cpu",
         workers: int = 1,
         threads: int = 0,
+        precision: Precision | None = None,
     ) -> None:
         self.method, self._train = method, train
         self.link = in_memory_link(
@@ -54,6 +58,7 @@ class Simulation:
             device=device,
             workers=workers,
             threads=threads,
+            precision=precision,
         )
         self.link.bind(method)
         self.server = ServerCore(method, train, seed)

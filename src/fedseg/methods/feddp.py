@@ -54,12 +54,13 @@ def uncertainty_weighted_bce(
 ) -> torch.Tensor:
     """Mean over labelled pixels and classes of ``weight * BCE(softmax(logits), onehot)``."""
     labelled = labels != ignore_index
-    target = F.one_hot(labels.clamp(0, logits.shape[1] - 1), logits.shape[1])
-    target = target.movedim(-1, 1).to(logits.dtype)
-    prob = logits.softmax(1).clamp(1e-6, 1 - 1e-6)
-    bce = F.binary_cross_entropy(prob, target, reduction="none") * weight
-    mask = labelled.unsqueeze(1).to(logits.dtype)
-    return (bce * mask).sum() / (mask.sum() * logits.shape[1]).clamp(min=1)
+    target = F.one_hot(labels.clamp(0, logits.shape[1] - 1), logits.shape[1]).movedim(-1, 1)
+    # BCE of probabilities is refused under CUDA's autocast: it runs in float32 outside it
+    with torch.autocast(logits.device.type, enabled=False):
+        prob = logits.float().softmax(1).clamp(1e-6, 1 - 1e-6)
+        bce = F.binary_cross_entropy(prob, target.float(), reduction="none") * weight
+        mask = labelled.unsqueeze(1).float()
+        return (bce * mask).sum() / (mask.sum() * logits.shape[1]).clamp(min=1)
 
 
 class _Ensemble(nn.Module):

@@ -50,11 +50,12 @@ def contrast_loss(
     return -sum(F.mse_loss(own, r) for r in refs) / len(others)  # type: ignore[return-value]
 
 
-def peer_heads(payload: Payload, num_sites: int) -> list[HeadWeights]:
-    """Every site's head (in site order) from a FedLC payload."""
+def peer_heads(payload: Payload, num_sites: int, device: torch.device) -> list[HeadWeights]:
+    """Every site's head (in site order) from a FedLC payload, on ``device``."""
+    t = payload.tensors
     try:
         return [
-            (payload.tensors[f"{PEER}.{i}.weight"], payload.tensors[f"{PEER}.{i}.bias"])
+            (t[f"{PEER}.{i}.weight"].to(device), t[f"{PEER}.{i}.bias"].to(device))
             for i in range(num_sites)
         ]
     except KeyError as err:
@@ -247,7 +248,11 @@ class FedLC(PCSMethod):
     def client_step(self, payload: Payload, state: State, ctx: ClientContext) -> ClientResult:
         net, site = ctx.model, ctx.site.index
         self.load(net, payload, state)
-        peers = peer_heads(payload, len(self.spec.sites)) if self.config.calibration else None
+        peers = (
+            peer_heads(payload, len(self.spec.sites), ctx.device)
+            if self.config.calibration
+            else None
+        )
         personal = set(self.parts(net).private) | set(heads(net))
         everything = {n for n, _ in net.named_parameters()}
         metrics = self.train_phases(
@@ -276,5 +281,7 @@ class FedLC(PCSMethod):
         self.load(net, payload, state)
         net.site = ctx.site.index
         net.calibrate = self.config.calibration
-        net.peer_heads = peer_heads(payload, len(self.spec.sites)) if net.calibrate else None
+        net.peer_heads = (
+            peer_heads(payload, len(self.spec.sites), ctx.device) if net.calibrate else None
+        )
         return net

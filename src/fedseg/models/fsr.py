@@ -84,6 +84,12 @@ class FSR(nn.Module):
         return torch.sigmoid(self.gate_fc(self.gate_input(amp_norm, amp, size)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # torch's FFTs take no bfloat16 (cuFFT and pocketFFT) and half only at powers of two:
+        # the recalibration runs in float32 under any autocast
+        with torch.autocast(x.device.type, enabled=False):
+            return self._recalibrate(x.to(torch.promote_types(x.dtype, torch.float32)))
+
+    def _recalibrate(self, x: torch.Tensor) -> torch.Tensor:
         dims = tuple(range(2, x.dim()))
         spec = torch.fft.rfftn(x, dim=dims)
         amp = spec.abs()
