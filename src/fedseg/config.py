@@ -53,6 +53,10 @@ class SynthSettings(_Strict):
     """Site names: A, B, ... or the simulated datasets' names (e.g. RUNMC, BMC, ...)."""
     weak_labels: bool = True
     """Also generate weak labels (with the task's default per-site annotation types)."""
+    style_shift: float = Field(1.0, ge=0)
+    """How far each site's appearance lies from the mean site: 1 the task's styles as
+    designed, 0 identical sites, in between each style number moved linearly towards its
+    mean over the task's sites (docs/data.md, "Site shift")."""
 
 
 class DataSettings(_Strict):

@@ -232,6 +232,7 @@ def test_resume_of_a_folder_that_holds_no_run(tmp_path):
         {"task": "fundus", "sites": 2, "size": 48},  # another image size
         {"task": "polyp", "sites": 2, "size": 32},  # another task
         {"task": "fundus", "sites": 2, "size": 32, "names": "paper"},  # fundus names no sites
+        {"task": "fundus", "sites": 2, "size": 32, "style_shift": 0.5},  # made at shift 1
     ],
 )
 def test_existing_data_root_that_data_synth_does_not_describe(fed, tmp_path, synth):

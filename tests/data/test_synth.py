@@ -103,6 +103,35 @@ def test_extra_sites_cycle_annotations_and_get_new_styles(tmp_path: Path) -> Non
     assert site_style(styles, 5) != styles[1] and site_style(styles, 5) == site_style(styles, 5)
 
 
+def test_style_shift_moves_every_site_towards_the_mean_site(tmp_path: Path) -> None:
+    """``style_shift`` 1 is the task's styles, 0 one mean site, 0.5 halfway; recorded in the
+    manifest, and a run config that asks for another shift than the folder's is refused."""
+    styles = SYNTH_TASKS.get("fundus").styles
+    assert site_style(styles, 2, 1.0) is styles[2]
+    mean_gain = float(np.mean([s.gain for s in styles]))
+    same = {site_style(styles, i, 0.0) for i in range(len(styles))}
+    assert len(same) == 1 and next(iter(same)).gain == pytest.approx(mean_gain)
+    half = site_style(styles, 1, 0.5)
+    assert half.gain == pytest.approx((styles[1].gain + mean_gain) / 2)
+    assert half.tint[0] == pytest.approx(
+        (styles[1].tint[0] + np.mean([s.tint[0] for s in styles])) / 2
+    )
+    assert isinstance(half.spots, int)
+    with pytest.raises(DataError, match="style shift must be >= 0"):
+        site_style(styles, 0, -0.1)
+    flat = synthesize("fundus", tmp_path / "flat", sites=3, size=32, per_site=6, style_shift=0.0)
+    designed = synthesize("fundus", tmp_path / "designed", sites=3, size=32, per_site=6)
+    assert (flat.style_shift, designed.style_shift) == (0.0, 1.0)
+
+    def spread(root: Path) -> float:
+        """Range over sites of the mean image intensity per channel."""
+        fed = FederatedDataset.open(root)
+        means = [fed.load(n, "train").images.mean((0, 2, 3)) for n in fed.site_names]
+        return float(np.ptp(np.stack(means), axis=0).max())
+
+    assert spread(tmp_path / "flat") < spread(tmp_path / "designed") / 3
+
+
 def test_paper_proportions_and_names(tmp_path: Path) -> None:
     """FedBCS's nuclei sites in its image-count proportions, named after the datasets."""
     m = synthesize(

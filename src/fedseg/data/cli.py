@@ -131,6 +131,10 @@ def synth(
     names: Annotated[
         str, typer.Option(help="Site names: letters (A, B, ...) or paper (e.g. RUNMC, BMC).")
     ] = "letters",
+    style_shift: Annotated[
+        float,
+        typer.Option(help="Sites' distance from the mean style: 1 as designed, 0 identical."),
+    ] = 1.0,
 ) -> None:
     """Write a synthetic multi-site federation (procedural phantoms or template-derived)."""
     from fedseg.data.synth import synthesize
@@ -160,6 +164,7 @@ def synth(
                 progress=progress,
                 site_weights=weights,
                 names=names,  # type: ignore[arg-type]  # checked by synthesize
+                style_shift=style_shift,
             )
         if weak_labels:
             with _progress("weak labels") as progress:

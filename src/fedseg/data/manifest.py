@@ -127,6 +127,10 @@ class Manifest(_Frozen):
     """What box annotations are converted to before training."""
     source: str = ""
     """Where the data come from (e.g. 'synthetic procedural phantoms')."""
+    style_shift: float | None = Field(None, ge=0)
+    """Synthetic federations: how far the sites' appearance lies from the mean site
+    (``data.synth.style_shift``; 1 the task's styles); ``None`` for imported data and for
+    synthetic folders written before the setting existed (made at 1)."""
     sites: list[SiteInfo] = Field(min_length=1)
     weak_labels: WeakLabelRecord | None = None
 

@@ -75,6 +75,7 @@ class FederationWriter:
         box_conversion: BoxConversion = "block",
         regions: dict[str, list[int]] | None = None,
         source: str = "",
+        style_shift: float | None = None,
         overwrite: bool = False,
     ) -> None:
         self.root = Path(root)
@@ -89,6 +90,7 @@ class FederationWriter:
             "box_conversion": box_conversion,
             "regions": regions or {},
             "source": source,
+            "style_shift": style_shift,
         }
         self.counts: dict[str, dict[str, int]] = {}
         self.task = validate_manifest(

@@ -41,6 +41,7 @@ def prepare_data(cfg: RunConfig) -> Path:
             seed=cfg.seed,
             site_weights=syn.site_weights,
             names=syn.names,
+            style_shift=syn.style_shift,
         )
         if syn.weak_labels:
             generate_weak_labels(root, seed=cfg.seed)
@@ -63,10 +64,16 @@ def _check_matches_synth(cfg: RunConfig) -> None:
         syn.task, sites=syn.sites, site_weights=syn.site_weights, names=syn.names
     )
     shape = SYNTH_TASKS.get(syn.task).spatial_shape(syn.size)
+    shift = 1.0 if m.style_shift is None else m.style_shift
     if m.task != syn.task or m.site_names != wanted or tuple(m.spatial_shape) != shape:
         raise ConfigError(
             f"data.root {root} holds task {m.task!r} with sites {m.site_names} of shape "
             f"{tuple(m.spatial_shape)}, but data.synth describes {syn.task!r} with sites "
             f"{wanted} of shape {shape}; "
             "remove the folder to re-synthesize it or point data.root elsewhere"
+        )
+    if shift != syn.style_shift:
+        raise ConfigError(
+            f"data.root {root} was synthesized with style_shift {shift:g}, but "
+            f"data.synth.style_shift is {syn.style_shift:g}; point data.root elsewhere"
         )

@@ -66,9 +66,12 @@ class SynthTask(Generic[StyleT]):
     """Names of the sites the task simulates (e.g. the public datasets), in site order;
     ``synthesize(..., names="paper")`` uses them instead of letters."""
 
-    def generate(self, site: int, n: int, size: int, rng: np.random.Generator) -> Sample:
-        """``n`` samples of site ``site`` stacked: images [n, C, *spatial], masks [n, *spatial]."""
-        style = site_style(self.styles, site)
+    def generate(
+        self, site: int, n: int, size: int, rng: np.random.Generator, shift: float = 1.0
+    ) -> Sample:
+        """``n`` samples of site ``site`` (its style at ``shift``, :func:`site_style`) stacked:
+        images [n, C, *spatial], masks [n, *spatial]."""
+        style = site_style(self.styles, site, shift)
         pairs = [self.sample(style, size, rng) for _ in range(n)]
         return (
             np.stack([p[0] for p in pairs]).astype(np.float32),
@@ -79,10 +82,41 @@ class SynthTask(Generic[StyleT]):
 SYNTH_TASKS: Registry[SynthTask[Any]] = Registry("synthetic task")
 
 
-def site_style(styles: Sequence[StyleT], site: int) -> StyleT:
+def site_style(styles: Sequence[StyleT], site: int, shift: float = 1.0) -> StyleT:
     """The appearance of site ``site``: ``styles[site]``, or for sites beyond the list a copy of
     ``styles[site % len]`` with every number scaled by a factor in [0.8, 1.25] drawn from the
-    site index (so extra sites differ from each other, deterministically)."""
+    site index (so extra sites differ from each other, deterministically).
+
+    ``shift`` scales every site's distance from the mean style (each number's mean over
+    ``styles``): 1 keeps the styles as designed, 0 makes every site the mean site, values in
+    between move each number linearly towards its mean (``data.synth.style_shift``)."""
+    if shift < 0:
+        raise DataError(f"style shift must be >= 0, got {shift}")
+    style = _listed_or_jittered(styles, site)
+    return style if shift == 1 else _towards_mean(style, styles, shift)
+
+
+def _towards_mean(style: StyleT, styles: Sequence[StyleT], shift: float) -> StyleT:
+    """``style`` with every number ``mean + shift * (value - mean)`` (integers rounded)."""
+
+    def mix(v: object, values: list[object]) -> object:
+        if isinstance(v, bool) or not isinstance(v, (int, float, tuple)):
+            return v
+        if isinstance(v, tuple):
+            return tuple(mix(x, [t[i] for t in values]) for i, x in enumerate(v))  # type: ignore[index]
+        mean = float(np.mean(values))
+        mixed = mean + shift * (v - mean)
+        return round(mixed) if isinstance(v, int) else mixed
+
+    changed = {
+        f.name: mix(getattr(style, f.name), [getattr(s, f.name) for s in styles])
+        for f in fields(style)  # type: ignore[arg-type]
+    }
+    return replace(style, **changed)  # type: ignore[type-var]
+
+
+def _listed_or_jittered(styles: Sequence[StyleT], site: int) -> StyleT:
+    """``styles[site]``, or the deterministic jittered copy for a site beyond the list."""
     base = styles[site % len(styles)]
     if site < len(styles):
         return base
@@ -185,6 +219,7 @@ def synthesize(
     progress: Callable[[int, int], None] | None = None,
     site_weights: Sequence[float] | None = None,
     names: Literal["letters", "paper"] = "letters",
+    style_shift: float = 1.0,
 ) -> Manifest:
     """Write a synthetic federation of the registered ``task`` into ``out``.
 
@@ -202,6 +237,8 @@ def synthesize(
             default imbalance; its length is the number of sites unless ``sites`` is given.
         names: ``letters`` (A, B, ..., Z, AA, ...) or ``paper`` (the simulated datasets'
             names, e.g. RUNMC, BMC, ... for ``prostate``).
+        style_shift: how far the sites' appearance lies from the mean site (:func:`site_style`;
+            1: the task's styles, 0: identical sites); recorded in the manifest.
 
     Returns:
         The written manifest (sites with their default annotation, no weak labels yet).
@@ -213,6 +250,8 @@ def synthesize(
         raise DataError(f"--per-site must be at least 1, got {per_site}")
     if size < 16:
         raise DataError(f"--size must be at least 16 pixels, got {size}")
+    if style_shift < 0:
+        raise DataError(f"--style-shift must be >= 0, got {style_shift}")
     weights = site_weights or [
         spec.size_weights[i % len(spec.size_weights)] for i in range(n_sites)
     ]
@@ -228,12 +267,16 @@ def synthesize(
         box_conversion=spec.box_conversion,
         regions=spec.regions,
         source=spec.source,
+        style_shift=style_shift,
         overwrite=overwrite,
     ) as writer:
         for i, (name, n, plan) in enumerate(zip(site_names, counts, plans, strict=True)):
             with _single_thread():
-                images, masks = spec.generate(i, n, size, np.random.default_rng([seed, i]))
-            sp = spec.spacing(site_style(spec.styles, i), size) if spec.spacing else None
+                images, masks = spec.generate(
+                    i, n, size, np.random.default_rng([seed, i]), style_shift
+                )
+            style = site_style(spec.styles, i, style_shift)
+            sp = spec.spacing(style, size) if spec.spacing else None
             k = 0
             for part, count in plan.items():
                 for _ in range(count):
