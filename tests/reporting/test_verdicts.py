@@ -17,6 +17,7 @@ from fedseg.errors import ConfigError
 from fedseg.reporting.stats import holm, paired
 from fedseg.reproduce import papers
 from fedseg.reproduce.budget import Attempt, gain
+from fedseg.reproduce.evidence import write_index
 from fedseg.reproduce.harness import reproduce
 from fedseg.reproduce.papers import Claim, PaperRow, PaperTable
 from fedseg.reproduce.verdicts import RowRuns, analyse
@@ -256,6 +257,14 @@ def test_identical_configs_end_to_end_and_the_evidence_folder(tmp_path, toy_pape
     assert "| a-beats-b | A beats B | unresolved |" in index
     assert "| b-beats-a | B beats A | not run |" in index
     assert "| toyfed | toy | train.rounds=2 | converged |" in index  # the budgets table
+    assert "Archived evidence" not in index
+    archived = tmp_path / "evidence" / "archive" / "old-federation"
+    archived.mkdir(parents=True)
+    (archived / "README.md").write_text("# Toy pages on the old federation\n\nwhy\n")
+    shutil.copytree(evidence, archived / "toy-t")  # an archived page is not counted
+    index = write_index(tmp_path / "evidence").read_text()
+    assert "| Toy paper | 2 | 0 | 0 | 1 | 0 | 1 |" in index
+    assert "- [Toy pages on the old federation](archive/old-federation/README.md)" in index
     # a committed finished run counts as done on another machine: nothing is retrained
     shutil.rmtree(tmp_path / "out")
     rep2 = reproduce("toy", "t", "evidence", tmp_path / "out", evidence=evidence)

@@ -352,6 +352,7 @@ def write_index(root: Path) -> Path:
         lines.append(f"| {title} | {sum(tally.values())} | {cells} |")
     lines += ["", *body]
     lines += _budget_lines(root)
+    lines += _archive_lines(root)
     index = root / "README.md"
     index.write_text("\n".join(lines))
     return index
@@ -395,6 +396,25 @@ def _budget_lines(root: Path) -> list[str]:
         *rows,
         "",
     ]
+
+
+def _archive_lines(root: Path) -> list[str]:
+    """A link to each archived set of pages (``root/archive/<set>/README.md``, whose heading
+    says what superseded them); their verdicts are not counted in the index."""
+    sets = sorted((root / "archive").glob("*/README.md"))
+    if not sets:
+        return []
+    lines = [
+        "## Archived evidence",
+        "",
+        "Pages superseded by a change of their federation or budget, kept with their runs; "
+        "their verdicts are not counted above.",
+        "",
+    ]
+    for readme in sets:
+        heading = readme.read_text().splitlines()[0].lstrip("# ").strip()
+        lines.append(f"- [{heading}](archive/{readme.parent.name}/README.md)")
+    return [*lines, ""]
 
 
 def _page_lines(folder: str, s: dict[str, Any], title: str) -> list[str]:
