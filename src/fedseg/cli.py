@@ -186,6 +186,14 @@ def reproduce(
             "(docs/reproduce.md#the-evidence-budget)."
         ),
     ] = False,
+    jobs: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Runs at once, each in its own process with an equal share of the CPU's "
+            "threads (unless OMP_NUM_THREADS or engine.threads is set); a GPU is shared.",
+        ),
+    ] = 1,
 ) -> None:
     """Run every row of a paper table at a budget; render it beside the published numbers
     with statistics over seeds and a verdict per claim of the paper."""
@@ -211,7 +219,9 @@ def reproduce(
         if calibrate:
             from fedseg.reproduce.budget import calibrate as measure
 
-            found = measure(paper, table, seeds=max(seeds, 2), overrides=set_ or [], on_run=done)
+            found = measure(
+                paper, table, seeds=max(seeds, 2), overrides=set_ or [], on_run=done, workers=jobs
+            )
             console.print(found.report(), markup=False, soft_wrap=True)
             return
         rep = run_table(
@@ -225,6 +235,7 @@ def reproduce(
             on_run=done,
             evidence=evidence,
             command=shlex.join(["fedseg", *_without_rows(sys.argv[1:])]),
+            workers=jobs,
         )
     except FedsegError as e:
         fail(e)
@@ -239,15 +250,16 @@ def reproduce(
 
 
 def _without_rows(args: list[str]) -> list[str]:
-    """``args`` without ``--row`` items: an evidence page shows every row with kept runs,
-    so the command that reproduces it is the whole table's."""
+    """``args`` without ``--row`` and ``--jobs`` items: an evidence page shows every row with
+    kept runs, and the number of processes does not change them, so the command that
+    reproduces it is the whole table's."""
     out, skip = [], False
     for a in args:
         if skip:
             skip = False
-        elif a == "--row":
+        elif a in ("--row", "--jobs"):
             skip = True
-        elif not a.startswith("--row="):
+        elif not a.startswith(("--row=", "--jobs=")):
             out.append(a)
     return out
 

@@ -7,6 +7,7 @@ import copy
 import csv
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 
@@ -453,3 +454,39 @@ def test_html_report_shows_the_paired_tests_and_a_strip_plot(runs, tmp_path):
     strips = [p for p in written if p.name.startswith("strip_")]
     assert len(strips) == 1 and strips[0].stat().st_size > 0
     assert 'alt="per-case values (mean over seeds), median marked"' in page
+
+
+def test_jobs_run_a_table_in_worker_processes_with_the_same_numbers(tmp_path, toy_paper):
+    raw, write = toy_paper
+    raw["tables"]["t"]["set"].append("engine.threads=1")  # one thread everywhere: same sums
+    write(raw)
+    seen = []
+    args = dict(seeds=2, on_run=lambda name, res, s: seen.append(name))
+    one = reproduce("toy", "t", "evidence", tmp_path / "one", evidence=tmp_path / "e1", **args)
+    two = reproduce(
+        "toy", "t", "evidence", tmp_path / "two", evidence=tmp_path / "e2", workers=2, **args
+    )
+    assert (
+        sorted(seen[4:])
+        == sorted(seen[:4])
+        == ["A (seed 0)", "A (seed 1)", "B (seed 0)", "B (seed 1)"]
+    )
+    assert [r.row.label for r in two.rows] == ["A", "B"]
+    for r1, r2 in zip(one.rows, two.rows, strict=True):
+        assert [d.name for d in r2.dirs] == ["seed0", "seed1"]
+        for a, b in zip(r1.results, r2.results, strict=True):
+            assert a["average"]["dsc"] == b["average"]["dsc"]
+    assert (tmp_path / "e2" / "runs" / "b" / "seed1" / "cases.csv").is_file()
+    assert "| A | 2 |" in (tmp_path / "e2" / "table.md").read_text()
+
+
+def test_jobs_prepare_the_data_before_any_worker_starts(tmp_path):
+    from fedseg.reproduce.runs import Job, run_jobs, worker_threads
+
+    raw = {"data": {"root": str(tmp_path / "missing")}, "train": {"rounds": 1}}
+    jobs = [Job({**raw, "seed": k}, "<test>", tmp_path / f"run{k}") for k in range(2)]
+    with pytest.raises(ConfigError, match=r"holds no manifest\.json"):
+        list(run_jobs(jobs, workers=2))
+    with pytest.raises(ConfigError, match="--jobs 0"):
+        list(run_jobs(jobs, workers=0))
+    assert worker_threads(2, jobs[0].config()) in (0, max(1, (os.cpu_count() or 1) // 2))

@@ -29,15 +29,9 @@ import yaml
 
 from fedseg.config import parse_config
 from fedseg.errors import ConfigError
-from fedseg.reproduce.harness import (
-    EVIDENCE_ROOT,
-    finished_run,
-    keep_run,
-    row_config,
-    run_config,
-    slug,
-)
+from fedseg.reproduce.harness import EVIDENCE_ROOT, row_config, slug
 from fedseg.reproduce.papers import PAPERS_DIR, PaperTable, load_paper
+from fedseg.reproduce.runs import Job, run_jobs
 
 __all__ = [
     "CORES",
@@ -285,25 +279,25 @@ def probe_costs(
     folder: Path,
     out: Path,
     on_run: Callable[[str, dict[str, Any], float], None] | None = None,
+    workers: int = 1,
 ) -> dict[str, float]:
     """CPU seconds of the last of :data:`PROBE_ROUNDS` training rounds (seed 0, shipped
     config with the budget's ``fixed`` overrides) of each row of ``table``; the probes'
     small files are kept in ``folder/probes`` and reused."""
-    costs = {}
+    jobs = []
     for row in table.rows:
         raw, path = row_config(row, "evidence", fixed, ())
         raw.setdefault("train", {})["rounds"] = PROBE_ROUNDS
         raw["eval"] = {**(raw.get("eval") or {}), "every": PROBE_ROUNDS, "split": "val"}
-        kept = folder / "probes" / slug(row.label)
-        if finished_run(kept, parse_config(copy.deepcopy(raw), str(path))):
-            res = json.loads((kept / "results.json").read_text())
-        else:
-            res = run_config(raw, out / "probes" / slug(row.label), str(path))
-            keep_run(out / "probes" / slug(row.label), kept)
-            if on_run:
-                on_run(f"{row.label}: cost probe", res, sum(res["timing"]["round_seconds"]))
-        costs[row.label] = float(res["timing"]["round_cpu_seconds"][-1])
-    return costs
+        name = Path("probes") / slug(row.label)
+        jobs.append(Job(raw, str(path), out / name, folder / name))
+    costs = {}
+    for f in run_jobs(jobs, workers):
+        label = table.rows[f.index].label
+        if on_run and not f.reused:
+            on_run(f"{label}: cost probe", f.results, sum(f.results["timing"]["round_seconds"]))
+        costs[label] = float(f.results["timing"]["round_cpu_seconds"][-1])
+    return {row.label: costs[row.label] for row in table.rows}
 
 
 def calibrate(
@@ -314,6 +308,7 @@ def calibrate(
     out: Path | None = None,
     on_run: Callable[[str, dict[str, Any], float], None] | None = None,
     folder: Path | None = None,
+    workers: int = 1,
 ) -> Calibration:
     """Run ``table``'s control rows at the shipped rounds (fewer where the federation's
     largest table would not fit the time cap), then doubled, until the rule holds or the cap
@@ -321,7 +316,8 @@ def calibrate(
     and recorded beside the rounds. Write budget.md, curve.csv and curve.png to
     ``folder`` (default ``docs/evidence/budgets/<paper>-<federation>/``) with each run's small
     files there, which later calls reuse, and record the budget in the paper file
-    (``fedseg/papers/<paper>.yaml``, ``evidence_budget``)."""
+    (``fedseg/papers/<paper>.yaml``, ``evidence_budget``). ``workers`` > 1 runs that many
+    runs of an attempt at once (:func:`~fedseg.reproduce.runs.run_jobs`)."""
     p = load_paper(paper)
     t = p.table(table)
     if not t.controls or not t.federation:
@@ -332,15 +328,15 @@ def calibrate(
     folder = folder or EVIDENCE_ROOT / "budgets" / f"{paper}-{t.federation}"
     out = out or Path("runs") / "calibrate" / f"{paper}-{t.federation}"
     fixed = fixed_overrides(overrides)
-    costs = probe_costs(largest, fixed, folder, out, on_run)
+    costs = probe_costs(largest, fixed, folder, out, on_run, workers)
     raws = {row: row_config(t.row(row), "evidence", fixed, ()) for row in t.controls}
     cal = Calibration(paper, t, costs, [], folder, fixed)
     shipped = int(parse_config(copy.deepcopy(raws[t.controls[0]][0])).train.rounds)
     rounds = max(1, min(shipped, int(TABLE_HOURS / cal.table_hours(1))))
     for _ in range(DOUBLINGS + 1):
         attempt = Attempt(rounds)
+        jobs, owner = [], []
         for row, (raw, path) in raws.items():
-            cpu = []
             for k in range(seeds):
                 run_raw = copy.deepcopy(raw)
                 run_raw["seed"] = int(raw.get("seed", 0)) + k
@@ -348,22 +344,21 @@ def calibrate(
                 run_raw["eval"] = {**(run_raw.get("eval") or {}), "every": max(1, rounds // 20)}
                 run_raw["eval"]["split"] = "val"
                 name = f"r{rounds}/{slug(row)}/seed{run_raw['seed']}"
-                kept = folder / "runs" / name
-                if finished_run(kept, parse_config(copy.deepcopy(run_raw), str(path))):
-                    run_dir, res = kept, json.loads((kept / "results.json").read_text())
-                else:
-                    run_dir = out / name
-                    res = run_config(run_raw, run_dir, str(path))
-                    keep_run(run_dir, kept)
-                attempt.curves.setdefault(row, []).append(curve(run_dir))
-                cpu.append(statistics.fmean(res["timing"]["round_cpu_seconds"]))
-                if on_run:
-                    on_run(
-                        f"{row} at {rounds} rounds (seed {run_raw['seed']})",
-                        res,
-                        sum(res["timing"]["round_seconds"]),
-                    )
-            attempt.cpu_per_round[row] = statistics.fmean(cpu)
+                jobs.append(Job(run_raw, str(path), out / name, folder / "runs" / name))
+                owner.append(row)
+        finished = {}
+        for f in run_jobs(jobs, workers):
+            finished[f.index] = f
+            if on_run:
+                seed = jobs[f.index].raw["seed"]
+                seconds = sum(f.results["timing"]["round_seconds"])
+                on_run(f"{owner[f.index]} at {rounds} rounds (seed {seed})", f.results, seconds)
+        for row in raws:
+            mine = [finished[i] for i, r in enumerate(owner) if r == row]
+            attempt.curves[row] = [curve(f.run_dir) for f in mine]
+            attempt.cpu_per_round[row] = statistics.fmean(
+                statistics.fmean(f.results["timing"]["round_cpu_seconds"]) for f in mine
+            )
         cal.attempts.append(attempt)
         cal.write()
         if attempt.converged():

@@ -18,7 +18,6 @@ from __future__ import annotations
 import copy
 import json
 import re
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -26,14 +25,21 @@ from typing import Any
 
 import yaml
 
-from fedseg.config import RunConfig, apply_overrides, from_run_dump, parse_config
+from fedseg.config import RunConfig, apply_overrides, parse_config
 from fedseg.configs import resolve_config
-from fedseg.engine.device import resolve_device
 from fedseg.errors import ConfigError
-from fedseg.methods.training import native_bf16
 from fedseg.reproduce.evidence import write_index, write_table
 from fedseg.reproduce.papers import Paper, PaperRow, PaperTable, load_paper
 from fedseg.reproduce.rows import Reproduction, RowResult
+from fedseg.reproduce.runs import (
+    Finished,
+    Job,
+    finished_run,
+    keep_run,
+    run_config,
+    run_jobs,
+    stored_config,
+)
 from fedseg.reproduce.verdicts import analyse, setting_difference
 
 __all__ = [
@@ -62,9 +68,6 @@ BUDGET_NAMES = ("smoke", "cpu", "evidence", "paper")
 
 EVIDENCE_ROOT = Path("docs") / "evidence"
 """Where ``--budget evidence`` keeps each table's page and finished runs by default."""
-
-KEPT_FILES = ("config.yaml", "results.json", "cases.csv", "rounds.jsonl")
-"""The small files of a finished run copied to an evidence folder (no checkpoints, models)."""
 
 
 def budget_overrides(budget: str, paper: Paper, table: PaperTable | None = None) -> dict[str, Any]:
@@ -107,87 +110,12 @@ def apply_budget(
     return raw
 
 
-RESULT_NEUTRAL_ENGINE = (
-    "device",
-    "checkpoint_every",
-    "threads",
-    "workers",
-    "site_states",
-    "backend",
-)
-"""Engine settings that do not change a run's numbers beyond float rounding (the engines and
-worker counts give the same results, docs/architecture.md); ``engine.amp`` and
-``engine.channels_last`` do change them (precision; dropout masks follow the memory layout)."""
-
-
-def _comparable(cfg: RunConfig) -> dict[str, Any]:
-    d = cfg.model_dump(mode="json")
-    for key in RESULT_NEUTRAL_ENGINE:
-        d["engine"].pop(key, None)
-    return d
-
-
-def _stored_config(run_dir: Path) -> RunConfig | None:
-    """The config of the finished run in ``run_dir`` (its ``config.yaml`` beside a
-    ``results.json``), or None where there is none or it no longer parses."""
-    done = run_dir / "config.yaml"
-    if not (done.is_file() and (run_dir / "results.json").is_file()):
-        return None
-    try:
-        return parse_config(from_run_dump(yaml.safe_load(done.read_text()) or {}), str(done))
-    except (ConfigError, yaml.YAMLError):
-        return None
-
-
-def finished_run(run_dir: Path, cfg: RunConfig) -> bool:
-    """Whether ``run_dir`` holds a finished run of ``cfg``: its results, cases and a config
-    that resolves to the same settings (a setting added since, at its default, still
-    matches; a changed default does not; engine settings that leave the numbers unchanged,
-    :data:`RESULT_NEUTRAL_ENGINE`, are not compared). Under ``engine.amp: auto`` the run
-    must also have been made on hardware that, like this one, does (or does not) compute
-    bf16 natively: ``auto`` resolves differently there."""
-    if not (run_dir / "cases.csv").is_file():
-        return False
-    stored = _stored_config(run_dir)
-    if stored is None or _comparable(stored) != _comparable(cfg):
-        return False
-    if cfg.engine.amp != "auto":
-        return True
-    used = json.loads((run_dir / "results.json").read_text()).get("precision") or {}
-    return used.get("native_bf16") == native_bf16(resolve_device(cfg.engine.device))
-
-
-def run_config(raw: dict[str, Any], run_dir: Path, source: str = "<config>") -> dict[str, Any]:
-    """Run ``raw`` in-process into ``run_dir`` (results.md and figures included) and return
-    its results; a finished run there with the same config is reused."""
-    from fedseg.engine.rundir import RunDir
-    from fedseg.engine.runner import InProcessRunner
-    from fedseg.outputs import write_run_outputs
-
-    cfg = parse_config(raw, source)
-    if finished_run(run_dir, cfg):
-        return json.loads((run_dir / "results.json").read_text())
-    rd = RunDir(run_dir)
-    rd.prepare_new(overwrite=True)
-    results = InProcessRunner(cfg, run_dir).run()
-    write_run_outputs(run_dir, results)
-    return results
-
-
-def keep_run(run_dir: Path, store: Path) -> None:
-    """Copy the small files of a finished run (:data:`KEPT_FILES`) to ``store``."""
-    store.mkdir(parents=True, exist_ok=True)
-    for name in KEPT_FILES:
-        if (run_dir / name).is_file():
-            shutil.copyfile(run_dir / name, store / name)
-
-
 def refuse_other_budget(kept: Path, cfg: RunConfig) -> None:
     """ConfigError if ``kept`` holds a finished run of other data or another budget than
     ``cfg`` (:data:`~fedseg.reproduce.verdicts.COMPARED_SETTINGS`): an evidence folder keeps
     one budget, and training ``cfg`` would replace that run. (A run of the same budget under
     an older default is replaced: that is how a table follows a changed default.)"""
-    stored = _stored_config(kept)
+    stored = stored_config(kept)
     if stored is None:
         return
     diff = setting_difference(stored.model_dump(mode="json"), cfg.model_dump(mode="json"))
@@ -263,6 +191,7 @@ def reproduce(
     on_run: Callable[[str, dict[str, Any], float], None] | None = None,
     evidence: Path | None = None,
     command: str | None = None,
+    workers: int = 1,
 ) -> Reproduction:
     """Run the rows of ``paper``'s ``table`` (all, or those named in ``rows`` by label or
     1-based index) ``seeds`` times each at ``budget``; ``overrides`` (``key=value``) come
@@ -272,7 +201,8 @@ def reproduce(
     keeps that budget alone: see :func:`refuse_other_budget`) a run whose small files are
     there with the same config counts as done, each new run's small files are copied there
     and the table page is written there too (with ``command``), after every row, so an
-    interrupted table has a page of the rows it finished.
+    interrupted table has a page of the rows it finished. ``workers`` > 1 runs that many
+    runs at once in worker processes (:func:`~fedseg.reproduce.runs.run_jobs`).
     ``on_run(name, results, seconds)`` is called after each run."""
     if seeds < 1:
         raise ConfigError(f"--seeds {seeds}: must be at least 1")
@@ -290,7 +220,8 @@ def reproduce(
         """The finished rows: the ones run here and, on an evidence page, every other row of
         the table with kept runs (another process may be running them), in table order."""
         found = [done.get(r.label) or kept_result(r) for r in t.rows] if evidence else []
-        ordered = [r for r in found if r is not None] or list(done.values())
+        ordered = [r for r in found if r is not None]
+        ordered = ordered or [done[r.label] for r in chosen if r.label in done]
         return Reproduction(p, t, budget, stated, seeds, ordered, out, evidence=evidence)
 
     def kept_result(row: PaperRow) -> RowResult | None:
@@ -303,31 +234,32 @@ def reproduce(
                 result.configs.append(cfg.model_dump(mode="json"))
         return result if result.results else None
 
+    jobs: list[Job] = []
+    owner: list[tuple[PaperRow, int, RunConfig]] = []  # per job: its row, seed and config
     for row in chosen:
-        result = RowResult(row)
         for name, run_raw, cfg, path in _seed_runs(row, budget, budget_set, overrides, seeds):
-            run_dir = out / name
             kept = evidence / "runs" / name if evidence else None
-            t0 = time.perf_counter()
             if kept is not None and not finished_run(kept, cfg):
                 refuse_other_budget(kept, cfg)
                 reuse_kept_elsewhere(kept, evidence.parent, paper, cfg)
-            if kept is not None and finished_run(kept, cfg):
-                run_dir = kept
-                res = json.loads((kept / "results.json").read_text())
-            else:
-                res = run_config(run_raw, run_dir, path)
-                if kept is not None:
-                    keep_run(run_dir, kept)
-            seconds = time.perf_counter() - t0
-            result.results.append(res)
-            result.dirs.append(run_dir)
-            result.configs.append(cfg.model_dump(mode="json"))
-            if on_run:
-                on_run(f"{row.label} (seed {run_raw['seed']})", res, seconds)
-        done[row.label] = result
-        if evidence is not None and len(done) < len(chosen):  # the page so far
-            _write_pages(page(), command)
+            jobs.append(Job(run_raw, path, out / name, kept))
+            owner.append((row, int(run_raw["seed"]), cfg))
+    finished: dict[int, Finished] = {}
+    for f in run_jobs(jobs, workers):
+        finished[f.index] = f
+        row, seed, _ = owner[f.index]
+        if on_run:
+            on_run(f"{row.label} (seed {seed})", f.results, f.seconds)
+        mine = [i for i, (r, _, _) in enumerate(owner) if r is row]
+        if all(i in finished for i in mine):
+            result = RowResult(row)
+            for i in mine:
+                result.results.append(finished[i].results)
+                result.dirs.append(finished[i].run_dir)
+                result.configs.append(owner[i][2].model_dump(mode="json"))
+            done[row.label] = result
+            if evidence is not None and len(done) < len(chosen):  # the page so far
+                _write_pages(page(), command)
     rep = page()
     _write_pages(rep, command)
     return rep

@@ -1,0 +1,203 @@
+"""The runs behind a table: when a kept run counts as done, how a run is made and kept, and
+how a list of runs executes, one after another or in worker processes (``--jobs``)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import multiprocessing
+import os
+import shutil
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fedseg.config import RunConfig, from_run_dump, parse_config
+from fedseg.engine.device import resolve_device
+from fedseg.errors import ConfigError
+from fedseg.methods.training import native_bf16
+
+__all__ = [
+    "KEPT_FILES",
+    "RESULT_NEUTRAL_ENGINE",
+    "Finished",
+    "Job",
+    "finished_run",
+    "keep_run",
+    "run_config",
+    "run_jobs",
+    "stored_config",
+]
+
+KEPT_FILES = ("config.yaml", "results.json", "cases.csv", "rounds.jsonl")
+"""The small files of a finished run copied to an evidence folder (no checkpoints, models)."""
+
+RESULT_NEUTRAL_ENGINE = (
+    "device",
+    "checkpoint_every",
+    "threads",
+    "workers",
+    "site_states",
+    "backend",
+)
+"""Engine settings that do not change a run's numbers beyond float rounding (the engines and
+worker counts give the same results, docs/architecture.md); ``engine.amp`` and
+``engine.channels_last`` do change them (precision; dropout masks follow the memory layout)."""
+
+
+def _comparable(cfg: RunConfig) -> dict[str, Any]:
+    d = cfg.model_dump(mode="json")
+    for key in RESULT_NEUTRAL_ENGINE:
+        d["engine"].pop(key, None)
+    return d
+
+
+def stored_config(run_dir: Path) -> RunConfig | None:
+    """The config of the finished run in ``run_dir`` (its ``config.yaml`` beside a
+    ``results.json``), or None where there is none or it no longer parses."""
+    done = run_dir / "config.yaml"
+    if not (done.is_file() and (run_dir / "results.json").is_file()):
+        return None
+    try:
+        return parse_config(from_run_dump(yaml.safe_load(done.read_text()) or {}), str(done))
+    except (ConfigError, yaml.YAMLError):
+        return None
+
+
+def finished_run(run_dir: Path, cfg: RunConfig) -> bool:
+    """Whether ``run_dir`` holds a finished run of ``cfg``: its results, cases and a config
+    that resolves to the same settings (a setting added since, at its default, still
+    matches; a changed default does not; engine settings that leave the numbers unchanged,
+    :data:`RESULT_NEUTRAL_ENGINE`, are not compared). Under ``engine.amp: auto`` the run
+    must also have been made on hardware that, like this one, does (or does not) compute
+    bf16 natively: ``auto`` resolves differently there."""
+    if not (run_dir / "cases.csv").is_file():
+        return False
+    stored = stored_config(run_dir)
+    if stored is None or _comparable(stored) != _comparable(cfg):
+        return False
+    if cfg.engine.amp != "auto":
+        return True
+    used = json.loads((run_dir / "results.json").read_text()).get("precision") or {}
+    return used.get("native_bf16") == native_bf16(resolve_device(cfg.engine.device))
+
+
+def run_config(raw: dict[str, Any], run_dir: Path, source: str = "<config>") -> dict[str, Any]:
+    """Run ``raw`` in-process into ``run_dir`` (results.md and figures included) and return
+    its results; a finished run there with the same config is reused."""
+    from fedseg.engine.rundir import RunDir
+    from fedseg.engine.runner import InProcessRunner
+    from fedseg.outputs import write_run_outputs
+
+    cfg = parse_config(raw, source)
+    if finished_run(run_dir, cfg):
+        return json.loads((run_dir / "results.json").read_text())
+    rd = RunDir(run_dir)
+    rd.prepare_new(overwrite=True)
+    results = InProcessRunner(cfg, run_dir).run()
+    write_run_outputs(run_dir, results)
+    return results
+
+
+def keep_run(run_dir: Path, store: Path) -> None:
+    """Copy the small files of a finished run (:data:`KEPT_FILES`) to ``store``."""
+    store.mkdir(parents=True, exist_ok=True)
+    for name in KEPT_FILES:
+        if (run_dir / name).is_file():
+            shutil.copyfile(run_dir / name, store / name)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run of a table: its raw config and the file it came from, the folder it runs in,
+    and the folder its small files are kept in (None: not kept)."""
+
+    raw: dict[str, Any]
+    source: str
+    run_dir: Path
+    kept: Path | None = None
+
+    def config(self) -> RunConfig:
+        return parse_config(copy.deepcopy(self.raw), self.source)
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A job's outcome: its index in the list, results, the folder holding the run, and the
+    wall seconds it took (0 where a kept run was reused)."""
+
+    index: int
+    results: dict[str, Any]
+    run_dir: Path
+    seconds: float
+    reused: bool
+
+
+def _execute(job: Job, threads: int = 0) -> tuple[dict[str, Any], float]:
+    """Run ``job`` (with ``threads`` torch threads when > 0) and keep it; its results and
+    wall seconds."""
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    results = run_config(job.raw, job.run_dir, job.source)
+    if job.kept is not None:
+        keep_run(job.run_dir, job.kept)
+    return results, time.perf_counter() - t0
+
+
+def worker_threads(workers: int, cfg: RunConfig) -> int:
+    """Torch threads per worker process: the config's ``engine.threads``, else 0 (torch's
+    default) where ``OMP_NUM_THREADS`` is set, else an equal share of the CPU's cores."""
+    if cfg.engine.threads or "OMP_NUM_THREADS" in os.environ:
+        return 0
+    return max(1, (os.cpu_count() or 1) // workers)
+
+
+def run_jobs(jobs: Sequence[Job], workers: int = 1) -> Iterator[Finished]:
+    """Each job's outcome: a job whose kept folder holds a finished run of its config is read
+    from there first; the others run in order in this process (``workers`` 1) or in
+    ``workers`` spawned processes, yielded as they finish. Synthetic federations are built
+    here first, in job order, so no two workers build one folder and the data are those a
+    run in order would build. A failing run stops the rest (finished runs stay kept)."""
+    if workers < 1:
+        raise ConfigError(f"--jobs {workers}: must be at least 1")
+    pending = []
+    for i, job in enumerate(jobs):
+        if job.kept is not None and finished_run(job.kept, job.config()):
+            results = json.loads((job.kept / "results.json").read_text())
+            yield Finished(i, results, job.kept, 0.0, True)
+        else:
+            pending.append(i)
+    if workers == 1 or len(pending) < 2:
+        for i in pending:
+            results, seconds = _execute(jobs[i])
+            yield Finished(i, results, jobs[i].run_dir, seconds, False)
+        return
+    from fedseg.engine.prepare import prepare_data
+
+    for i in pending:
+        prepare_data(jobs[i].config())
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(min(workers, len(pending)), mp_context=context) as pool:
+        running: dict[Future, int] = {
+            pool.submit(_execute, jobs[i], worker_threads(workers, jobs[i].config())): i
+            for i in pending
+        }
+        try:
+            while running:
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    i = running.pop(future)
+                    results, seconds = future.result()
+                    yield Finished(i, results, jobs[i].run_dir, seconds, False)
+        except BaseException:
+            for future in running:
+                future.cancel()
+            raise
