@@ -168,9 +168,9 @@ def run_jobs(jobs: Sequence[Job], workers: int = 1) -> Iterator[Finished]:
     run in order would build. A failing run stops the rest (finished runs stay kept)."""
     if workers < 1:
         raise ConfigError(f"--jobs {workers}: must be at least 1")
-    pending = []
+    pending, configs = [], [job.config() for job in jobs]
     for i, job in enumerate(jobs):
-        if job.kept is not None and finished_run(job.kept, job.config()):
+        if job.kept is not None and finished_run(job.kept, configs[i]):
             results = json.loads((job.kept / "results.json").read_text())
             yield Finished(i, results, job.kept, 0.0, True)
         else:
@@ -183,12 +183,11 @@ def run_jobs(jobs: Sequence[Job], workers: int = 1) -> Iterator[Finished]:
     from fedseg.engine.prepare import prepare_data
 
     for i in pending:
-        prepare_data(jobs[i].config())
+        prepare_data(configs[i])
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(min(workers, len(pending)), mp_context=context) as pool:
         running: dict[Future, int] = {
-            pool.submit(_execute, jobs[i], worker_threads(workers, jobs[i].config())): i
-            for i in pending
+            pool.submit(_execute, jobs[i], worker_threads(workers, configs[i])): i for i in pending
         }
         try:
             while running:
