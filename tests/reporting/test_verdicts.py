@@ -480,6 +480,31 @@ def test_jobs_run_a_table_in_worker_processes_with_the_same_numbers(tmp_path, to
     assert "| A | 2 |" in (tmp_path / "e2" / "table.md").read_text()
 
 
+def test_a_failing_worker_stops_the_table_and_finished_runs_stay_kept(tmp_path, toy_paper):
+    raw, write = toy_paper
+    write(raw)
+    stray = tmp_path / "out" / "b" / "seed0"
+    stray.mkdir(parents=True)
+    (stray / "notes.txt").write_text("not a fedseg run")  # B's worker refuses to delete it
+    evidence = tmp_path / "evidence"
+    with pytest.raises(ConfigError, match="is no fedseg run directory"):
+        reproduce("toy", "t", "evidence", tmp_path / "out", evidence=evidence, workers=2)
+    assert (evidence / "runs" / "a" / "seed0" / "cases.csv").is_file()  # A ran on, kept
+    assert not (evidence / "runs" / "b").exists()
+    (stray / "notes.txt").unlink()
+    seen = []
+    reproduce(
+        "toy",
+        "t",
+        "evidence",
+        tmp_path / "out",
+        evidence=evidence,
+        workers=2,
+        on_run=lambda name, res, s: seen.append((name, s)),
+    )
+    assert seen[0] == ("A (seed 0)", 0.0) and seen[1][0] == "B (seed 0)"  # A reused, B ran
+
+
 def test_jobs_prepare_the_data_before_any_worker_starts(tmp_path):
     from fedseg.reproduce.runs import Job, run_jobs, worker_threads
 
