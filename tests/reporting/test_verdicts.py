@@ -515,3 +515,32 @@ def test_jobs_prepare_the_data_before_any_worker_starts(tmp_path):
     with pytest.raises(ConfigError, match="--jobs 0"):
         list(run_jobs(jobs, workers=0))
     assert worker_threads(2, jobs[0].config()) in (0, max(1, (os.cpu_count() or 1) // 2))
+
+
+def test_an_interrupted_run_continues_from_its_checkpoint_to_the_same_numbers(tmp_path):
+    from fedseg.engine.runner import InProcessRunner
+    from fedseg.reproduce.runs import Job, interrupted_run, run_config
+    from fedseg.testing import synth_folder
+
+    root = synth_folder(tmp_path / "fed", "fundus", per_site=6, size=32)
+    raw = {
+        "seed": 1,
+        "data": {"root": str(root)},
+        "train": {"rounds": 3, "local_iters": 1, "batch_size": 2},
+    }
+    full = run_config(copy.deepcopy(raw), tmp_path / "full")
+
+    def stop_after_round_1(record):
+        if record["round"] == 1:
+            raise KeyboardInterrupt  # the session ends mid-run
+
+    cut = tmp_path / "cut"
+    with pytest.raises(KeyboardInterrupt):
+        InProcessRunner(Job(raw, "<test>", cut).config(), cut).run(on_round=stop_after_round_1)
+    before = (cut / "rounds.jsonl").read_text()
+    assert interrupted_run(cut, Job(raw, "<test>", cut).config())
+    other = Job({**raw, "seed": 2}, "<test>", cut).config()
+    assert not interrupted_run(cut, other)  # another config starts afresh
+    resumed = run_config(copy.deepcopy(raw), cut)
+    assert resumed["sites"] == full["sites"]
+    assert (cut / "rounds.jsonl").read_text().startswith(before)  # rounds 0-1 not rerun

@@ -19,6 +19,7 @@ import yaml
 
 from fedseg.config import RunConfig, from_run_dump, parse_config
 from fedseg.engine.device import resolve_device
+from fedseg.engine.rundir import RunDir
 from fedseg.errors import ConfigError
 from fedseg.methods.training import native_bf16
 
@@ -28,6 +29,7 @@ __all__ = [
     "Finished",
     "Job",
     "finished_run",
+    "interrupted_run",
     "keep_run",
     "run_config",
     "run_jobs",
@@ -57,16 +59,22 @@ def _comparable(cfg: RunConfig) -> dict[str, Any]:
     return d
 
 
+def _dumped_config(run_dir: Path) -> RunConfig | None:
+    """The config a run in ``run_dir`` was started with, or None where it has none or it no
+    longer parses."""
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return None
+    try:
+        return parse_config(from_run_dump(yaml.safe_load(path.read_text()) or {}), str(path))
+    except (ConfigError, yaml.YAMLError):
+        return None
+
+
 def stored_config(run_dir: Path) -> RunConfig | None:
     """The config of the finished run in ``run_dir`` (its ``config.yaml`` beside a
     ``results.json``), or None where there is none or it no longer parses."""
-    done = run_dir / "config.yaml"
-    if not (done.is_file() and (run_dir / "results.json").is_file()):
-        return None
-    try:
-        return parse_config(from_run_dump(yaml.safe_load(done.read_text()) or {}), str(done))
-    except (ConfigError, yaml.YAMLError):
-        return None
+    return _dumped_config(run_dir) if (run_dir / "results.json").is_file() else None
 
 
 def finished_run(run_dir: Path, cfg: RunConfig) -> bool:
@@ -87,19 +95,31 @@ def finished_run(run_dir: Path, cfg: RunConfig) -> bool:
     return used.get("native_bf16") == native_bf16(resolve_device(cfg.engine.device))
 
 
+def interrupted_run(run_dir: Path, cfg: RunConfig) -> bool:
+    """Whether ``run_dir`` holds an unfinished run of ``cfg`` (same settings, as
+    :func:`finished_run` compares them) with a checkpoint to continue from."""
+    rd = RunDir(run_dir)
+    if not (rd.checkpoint.is_file() or rd.previous.is_file()):
+        return False
+    started = _dumped_config(run_dir)
+    return started is not None and _comparable(started) == _comparable(cfg)
+
+
 def run_config(raw: dict[str, Any], run_dir: Path, source: str = "<config>") -> dict[str, Any]:
     """Run ``raw`` in-process into ``run_dir`` (results.md and figures included) and return
-    its results; a finished run there with the same config is reused."""
-    from fedseg.engine.rundir import RunDir
+    its results; a finished run there with the same config is reused, an interrupted one
+    (a session that ended mid-run) continues from its last checkpoint, which gives the
+    numbers an uninterrupted run gives."""
     from fedseg.engine.runner import InProcessRunner
     from fedseg.outputs import write_run_outputs
 
     cfg = parse_config(raw, source)
     if finished_run(run_dir, cfg):
         return json.loads((run_dir / "results.json").read_text())
-    rd = RunDir(run_dir)
-    rd.prepare_new(overwrite=True)
-    results = InProcessRunner(cfg, run_dir).run()
+    resume = interrupted_run(run_dir, cfg)
+    if not resume:
+        RunDir(run_dir).prepare_new(overwrite=True)
+    results = InProcessRunner(cfg, run_dir).run(resume=resume)
     write_run_outputs(run_dir, results)
     return results
 
