@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -18,7 +19,7 @@ from fedseg.errors import ConfigError
 from fedseg.reporting.stats import holm, paired
 from fedseg.reproduce import papers
 from fedseg.reproduce.budget import Attempt, gain
-from fedseg.reproduce.evidence import write_index
+from fedseg.reproduce.evidence import render_markdown, write_index
 from fedseg.reproduce.harness import reproduce
 from fedseg.reproduce.papers import Claim, PaperRow, PaperTable
 from fedseg.reproduce.verdicts import RowRuns, analyse
@@ -273,6 +274,11 @@ def test_identical_configs_end_to_end_and_the_evidence_folder(tmp_path, toy_pape
     assert rep2.rows[0].dirs[0] == kept
     claims = list(csv.DictReader((evidence / "claims.csv").open()))
     assert claims[0]["verdict"] == "unresolved" and float(claims[0]["p"]) == 1.0
+    assert "capped" not in page
+    budget = dataclasses.replace(rep.paper.evidence_budgets["toyfed"], status="capped")
+    paper = dataclasses.replace(rep.paper, evidence_budgets={"toyfed": budget})
+    capped = render_markdown(dataclasses.replace(rep, paper=paper))
+    assert "(train.rounds=2; capped: the largest budget this table fits" in capped
 
 
 def test_a_row_shared_with_another_table_is_copied_not_retrained(tmp_path, toy_paper):

@@ -75,6 +75,12 @@ def render_markdown(rep: Reproduction) -> str:
     t, a = rep.table, rep.analysis
     metrics = rep.paper.metrics
     budget = ", ".join(f"{k}={v}" for k, v in rep.overrides.items()) or "shipped configs"
+    measured = rep.paper.evidence_budgets.get(t.federation or "")
+    if rep.budget == "evidence" and measured is not None and measured.status == "capped":
+        budget += (
+            "; capped: the largest budget this table fits in about 3 hours on 2 cores, reached "
+            "before every control row converged (docs/reproduce.md#the-evidence-budget)"
+        )
     seeds = sorted({len(r.results) for r in rep.rows})
     head = (
         ["row", "seeds"]
