@@ -249,6 +249,7 @@ def test_identical_configs_end_to_end_and_the_evidence_folder(tmp_path, toy_pape
     assert "- Row B starts from random weights" in page
     assert "Runs per machine (times compare only within one): " in page  # this CPU: 2 runs
     assert ": 2." in page.split("Runs per machine")[1].splitlines()[0]
+    assert "Time of the table, summed over its 2 runs: " in page
     kept = evidence / "runs" / "a" / "seed0"
     assert sorted(p.name for p in kept.iterdir()) == sorted(
         ["cases.csv", "config.yaml", "results.json", "rounds.jsonl"]

@@ -113,7 +113,13 @@ def render_markdown(rep: Reproduction) -> str:
         cells += ["—" if v is None else f"{v:g}" for v in published]
         cells += [f"{rr.seconds:.0f}", f"{rr.cpu_seconds:.0f}"]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", _machines_line(rep)]
+    runs = sum(len(rr.results) for rr in rep.rows)
+    wall, cpu = (sum(getattr(rr, k) for rr in rep.rows) / 3600 for k in ("seconds", "cpu_seconds"))
+    lines += [
+        "",
+        f"Time of the table, summed over its {runs} runs: {wall:.2f} h wall, {cpu:.2f} h CPU. "
+        + _machines_line(rep),
+    ]
     if t.notes:
         lines += ["", "Notes:", ""] + [f"- {n}" for n in t.notes]
     if a is None:
