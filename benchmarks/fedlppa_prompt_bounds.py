@@ -17,7 +17,11 @@ prompts with the aggregated prompts of the last checkpoint:
 - **how far the prompts moved**: per DDP slot and for the UKP, ``||p_T - p_0|| / ||p_0||``
   and the largest entry change, against the **ceiling** an Adam-type optimiser allows, the
   sum of the learning rates over the site's local steps (each step moves an entry by at most
-  about ``lr``) times the site's sample share ``n_i / n`` that survives FedAvg (Eq. 2).
+  about ``lr``) times the site's sample share ``n_i / n`` that survives FedAvg (Eq. 2);
+- **the paper's premise**: each pair of sites with the same annotation family (``scribble``
+  and ``scribble2``), its affinity rank among all pairs at initialisation and at the last
+  round (a pair that is closest at the end but was already closest at the start learnt
+  nothing).
 
 Writes ``bounds.md`` (and prints it). Nothing is trained.
 """
@@ -26,17 +30,20 @@ from __future__ import annotations
 
 import argparse
 import json
+from itertools import combinations
 from pathlib import Path
 from typing import Any
 
 import torch
 import yaml
+from fedlppa_prompts import family  # the sibling script (benchmarks/ is on sys.path)
 
 from fedseg.config import parse_config
 from fedseg.engine.server import make_method, spec_from_json
 from fedseg.engine.worker import initial_model
 from fedseg.methods.base import round_lr, round_steps
 from fedseg.models.tdf import prompt_affinity
+from fedseg.reporting.runs import site_facts
 
 
 def pearson(ddp: torch.Tensor) -> torch.Tensor:
@@ -65,6 +72,24 @@ def rank_agreement(a: torch.Tensor, b: torch.Tensor) -> float:
     mask = ~torch.eye(len(a), dtype=torch.bool)
     ranks = [torch.argsort(torch.argsort(m[mask])).double() for m in (a, b)]
     return float(torch.corrcoef(torch.stack(ranks))[0, 1])
+
+
+def family_pair_ranks(
+    names: list[str], annotations: dict[str, str], before: torch.Tensor, after: torch.Tensor
+) -> list[str]:
+    """Each pair of sites with the same annotation family: its affinity rank among all site
+    pairs (1 = closest) at initialisation and at the last round."""
+    pairs = list(combinations(range(len(names)), 2))
+
+    def rank(m: torch.Tensor, pair: tuple[int, int]) -> int:
+        order = sorted(pairs, key=lambda p: -float(m[p]))
+        return order.index(pair) + 1
+
+    return [
+        f"{names[i]}-{names[j]} {rank(before, (i, j))} -> {rank(after, (i, j))} of {len(pairs)}"
+        for i, j in pairs
+        if family(annotations[names[i]]) == family(annotations[names[j]])
+    ]
 
 
 def analyse(run_dir: Path) -> dict[str, Any]:
@@ -101,6 +126,12 @@ def analyse(run_dir: Path) -> dict[str, Any]:
         "init": off_diagonal(prompt_affinity(ddp0, ukp0)),
         "uploaded": off_diagonal(torch.tensor(last["affinity"])),
         "order_kept": rank_agreement(prompt_affinity(ddp0, ukp0), torch.tensor(last["affinity"])),
+        "family_ranks": family_pair_ranks(
+            [s.name for s in spec.sites],
+            {k: f.annotation for k, f in site_facts(run_dir).items()},
+            prompt_affinity(ddp0, ukp0),
+            torch.tensor(last["affinity"]),
+        ),
         "aggregated": off_diagonal(prompt_affinity(ddp, ukp)),
         "pearson0": off_diagonal(pearson(ddp0)),
         "pearson": off_diagonal(pearson(ddp)),
@@ -127,15 +158,16 @@ def markdown(runs: list[dict[str, Any]]) -> str:
         "",
         "| run | DDP slot | rounds | affinity at init | last round (uploaded) "
         "| last (aggregated) | DDP correlation at init | DDP correlation last "
-        "| pair order kept (Spearman, init vs last) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| pair order kept (Spearman, init vs last) "
+        "| same-family pairs: affinity rank at init -> last (1 = closest) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in runs:
         lines.append(
             f"| {run['dir']} | {'x'.join(map(str, run['shape']))} | {run['rounds']} "
             f"| {_r(run['init'])} | {_r(run['uploaded'])} | "
             f"{_r(run['aggregated'])} | {_r(run['pearson0'])} | {_r(run['pearson'])} "
-            f"| {run['order_kept']:.2f} |"
+            f"| {run['order_kept']:.2f} | {'; '.join(run['family_ranks']) or 'none'} |"
         )
     lines += [
         "",
