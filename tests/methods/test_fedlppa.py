@@ -219,7 +219,8 @@ def test_upload_holds_only_the_declared_keys_and_other_ddp_slots_are_untouched()
     assert parts.count(res.upload.tensors) == parts.params()["total"] - aux
     ddp_new, ddp_old = res.upload.tensors["tdf.ddp"], payload.tensors["tdf.ddp"]
     assert torch.equal(ddp_new[[0, 2]], ddp_old[[0, 2]]) and not torch.equal(ddp_new[1], ddp_old[1])
-    assert math.isfinite(res.metrics["loss"]) and {"sup", "pse", "la_steps"} <= set(res.metrics)
+    logged = {"sup", "pse", "pce_main", "pce_aux", "dice_main", "dice_aux", "la_steps"}
+    assert math.isfinite(res.metrics["loss"]) and logged <= set(res.metrics)
 
 
 def test_config_validation():

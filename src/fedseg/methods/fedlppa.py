@@ -289,7 +289,7 @@ class FedLPPA(Method):
                 mix_low=c.mix_low,
                 mix_high=c.mix_high,
             )
-            for k in ("sup", "pse"):
+            for k in ("sup", "pse", "pce_main", "pce_aux", "dice_main", "dice_aux"):
                 log[k] = log.get(k, 0.0) + parts[k]
             log["n"] = log.get("n", 0.0) + 1
             return value
