@@ -126,11 +126,16 @@ def test_ddp_slot_of_a_site_is_averaged_or_taken_from_its_owner(rule):
     torch.testing.assert_close(sent[2], glob["tdf.ddp"][2])
 
 
-def test_server_averages_globals_and_builds_aux_from_main_decoders():
+@pytest.mark.parametrize("source", ["main", "aux"])
+def test_server_averages_globals_and_builds_aux_from_main_or_aux_decoders(source):
     spec, _ = toy_federation(3, size=32)
-    method = _method(spec)
+    method = _method(spec, aux_source=source)
     model = method.build_model()
     uploads = _uploads(method, model, spec.site_names)
+    sent = set(uploads[spec.site_names[0]].tensors)
+    assert any(k.startswith("aux_decoder.") for k in sent) == (
+        source == "aux"
+    )  # the paper's sites never upload the aux decoder
     out = _server(method, uploads)
     glob = weighted_average(uploads)
     aff = prompt_affinity(_own_slots(uploads, spec), glob["tdf.ukp"])
@@ -144,7 +149,8 @@ def test_server_averages_globals_and_builds_aux_from_main_decoders():
             p["encoder.blocks.0.0.weight"], glob["encoder.blocks.0.0.weight"]
         )
         torch.testing.assert_close(p[key], glob[key])  # phi_G: sample-weighted average
-        want = sum(mix[i, j] * uploads[n].tensors[key] for j, n in enumerate(spec.site_names))
+        mixed = key if source == "main" else "aux_" + key
+        want = sum(mix[i, j] * uploads[n].tensors[mixed] for j, n in enumerate(spec.site_names))
         torch.testing.assert_close(p["aux_" + key], want)
         assert set(p) == set(model.state_dict())
 

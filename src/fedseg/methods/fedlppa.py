@@ -74,6 +74,11 @@ class FedLPPAConfig(MethodConfig):
     """Slot i of the aggregated DDP: ``fedavg``, the sample-weighted average of every upload
     (Eq. 2; only site i trains slot i, so its update is scaled by n_i / n); ``owner``, site
     i's uploaded slot (the average over the sites that trained it)."""
+    aux_source: Literal["main", "aux"] = "main"
+    """What the server mixes into site i's aux decoder (Eq. 9): ``main``, the uploaded main
+    decoders without their MLP (the paper: Eq. 9 sums the main decoders phi_j, and the aux
+    decoder is never uploaded, 2.2564M per round); ``aux``, the uploaded aux decoders (the
+    authors' code, which uploads the whole model). See docs/methods/fedlppa.md."""
     aux_include_self: bool = True
     """similarity_aggregated: include a_ii = 1 (Eq. 9 sums over all j)."""
     lam: float = Field(0.5, ge=0)
@@ -245,7 +250,8 @@ class FedLPPA(Method):
 
     def parts(self, model: nn.Module) -> ResolvedPartition:
         if self._parts is None:
-            dl = self.partition.download_only if self.cfg.pd else ()
+            paper = self.cfg.pd and self.cfg.aux_source == "main"
+            dl = self.partition.download_only if paper else ()
             self._parts = Partition(download_only=dl).resolve(model)
         return self._parts
 
@@ -420,8 +426,9 @@ class FedLPPA(Method):
             metrics["aux_weights"] = mix.tolist()
         metrics["aux_self_weight"] = float(mix.diagonal().mean())
         auxes = mix_states([decoders[names[j]] for j in uploaded], mix[:, uploaded])
+        source = MAIN[0] if self.cfg.aux_source == "main" else AUX
         payloads = {
-            name: Payload({**glob, **{AUX + k[len(MAIN[0]) :]: v for k, v in aux.items()}})
+            name: Payload({**glob, **{AUX + k[len(source) :]: v for k, v in aux.items()}})
             for name, aux in zip(names, auxes, strict=True)
         }
         return ServerResult(payloads, state, metrics)
@@ -455,8 +462,9 @@ class _RoundAggregate:
         if cfg.tdf:
             self.slots[site] = tensors["tdf.ddp"][self.index[site]].clone()
         if cfg.pd:
+            source = MAIN[0] if cfg.aux_source == "main" else AUX
             self.decoders[site] = {
-                k: v.detach().clone() for k, v in tensors.items() if k.startswith(MAIN[0])
+                k: v.detach().clone() for k, v in tensors.items() if k.startswith(source)
             }
 
     def finish(self) -> ServerResult:
