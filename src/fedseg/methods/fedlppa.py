@@ -255,6 +255,11 @@ class FedLPPA(Method):
             self._parts = Partition(download_only=dl).resolve(model)
         return self._parts
 
+    @property
+    def aux_prefix(self) -> str:
+        """Keys of the uploads the server mixes into the aux decoders (``aux_source``)."""
+        return MAIN[0] if self.cfg.aux_source == "main" else AUX
+
     # -- helpers ---------------------------------------------------------------------------
     @staticmethod
     def _personal(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -426,7 +431,7 @@ class FedLPPA(Method):
             metrics["aux_weights"] = mix.tolist()
         metrics["aux_self_weight"] = float(mix.diagonal().mean())
         auxes = mix_states([decoders[names[j]] for j in uploaded], mix[:, uploaded])
-        source = MAIN[0] if self.cfg.aux_source == "main" else AUX
+        source = self.aux_prefix
         payloads = {
             name: Payload({**glob, **{AUX + k[len(source) :]: v for k, v in aux.items()}})
             for name, aux in zip(names, auxes, strict=True)
@@ -462,7 +467,7 @@ class _RoundAggregate:
         if cfg.tdf:
             self.slots[site] = tensors["tdf.ddp"][self.index[site]].clone()
         if cfg.pd:
-            source = MAIN[0] if cfg.aux_source == "main" else AUX
+            source = self.method.aux_prefix
             self.decoders[site] = {
                 k: v.detach().clone() for k, v in tensors.items() if k.startswith(source)
             }

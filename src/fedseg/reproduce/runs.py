@@ -15,9 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from fedseg.config import RunConfig, from_run_dump, parse_config
+from fedseg.config import RunConfig, parse_config
 from fedseg.engine.device import resolve_device
 from fedseg.engine.rundir import RunDir
 from fedseg.errors import ConfigError
@@ -62,12 +60,12 @@ def _comparable(cfg: RunConfig) -> dict[str, Any]:
 def _dumped_config(run_dir: Path) -> RunConfig | None:
     """The config a run in ``run_dir`` was started with, or None where it has none or it no
     longer parses."""
-    path = run_dir / "config.yaml"
-    if not path.is_file():
+    rd = RunDir(run_dir)
+    if not rd.config.is_file():
         return None
     try:
-        return parse_config(from_run_dump(yaml.safe_load(path.read_text()) or {}), str(path))
-    except (ConfigError, yaml.YAMLError):
+        return parse_config(rd.stored_config(), str(rd.config))
+    except ConfigError:
         return None
 
 
