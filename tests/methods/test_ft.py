@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from fedseg.engine.simulation import Simulation
@@ -8,10 +9,10 @@ from fedseg.testing import toy_federation
 TRAIN = TrainSettings(rounds=1, local_iters=2, batch_size=4, augment=False)
 
 
-def _sim(**cfg) -> Simulation:
+def _sim(train: TrainSettings = TRAIN, **cfg) -> Simulation:
     spec, sites = toy_federation(2)
     cls = get_method("ft")
-    sim = Simulation(cls(cls.Config(**cfg), spec), sites, TRAIN, seed=0)
+    sim = Simulation(cls(cls.Config(**cfg), spec), sites, train, seed=0)
     sim.round(0)
     return sim
 
@@ -55,3 +56,25 @@ def test_communication_is_fedavg():
     parts = get_method("ft").partition.resolve(UNet(1, 2))
     assert parts.params() == {"total": 1_813_474, "upload": 1_813_474, "download": 1_813_474}
     assert get_method("ft").personalized
+
+
+def test_learning_rate_defaults_to_the_last_rounds_rate():
+    train = TrainSettings(rounds=40, lr=0.005)
+    cfg = get_method("ft").Config
+    assert cfg().lr(train) == pytest.approx(0.005 * (1 / 40) ** 0.9)
+    assert cfg(ft_lr="base").lr(train) == 0.005
+    assert cfg(ft_lr=None).ft_lr == "base"  # configs written before "last" became the default
+    assert cfg(ft_lr=2e-4).lr(train) == 2e-4
+    constant = train.model_copy(update={"lr_schedule": "constant"})
+    assert cfg().lr(constant) == 0.005
+    with pytest.raises(ValueError):
+        cfg(ft_lr=0)
+
+
+def test_a_smaller_rate_moves_the_model_less():
+    def moved(ft_lr) -> float:
+        sim = _sim(TRAIN.model_copy(update={"rounds": 4}), ft_iters=3, ft_lr=ft_lr)
+        start = sim.payloads["site0"].tensors["decoder.head.weight"]
+        return (_eval_weights(sim, "site0")["decoder.head.weight"] - start).abs().sum().item()
+
+    assert 0 < moved("last") < moved("base")
