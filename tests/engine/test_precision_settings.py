@@ -16,6 +16,7 @@ from fedseg.evaluation import predict
 from fedseg.methods.training import Precision
 from fedseg.models import parse_model
 from fedseg.reproduce.harness import finished_run
+from fedseg.reproduce.runs import interrupted_run
 
 CPU = torch.device("cpu")
 
@@ -99,6 +100,33 @@ def test_results_record_the_precision_the_run_used(tmp_path, monkeypatch, flags)
     assert finished_run(tmp_path / "run", cfg)
     monkeypatch.setattr(training, "cpu_flags", lambda: frozenset({"amx_bf16"} - flags))
     assert not finished_run(tmp_path / "run", cfg)
+
+
+@pytest.mark.parametrize("flags", [frozenset(), frozenset({"amx_bf16"})])
+def test_an_auto_run_cut_off_resumes_only_where_auto_resolves_the_same(
+    tmp_path, monkeypatch, flags
+):
+    monkeypatch.setattr(training, "cpu_flags", lambda: flags)
+    raw = _raw(tmp_path, amp="auto")
+    raw["train"]["rounds"] = 2
+    cfg, run = parse_config(raw), tmp_path / "run"
+
+    def stop_after_round_0(record):  # type: ignore[no-untyped-def]
+        if record["round"] == 0:
+            raise KeyboardInterrupt  # the session ends mid-run
+
+    with pytest.raises(KeyboardInterrupt):
+        InProcessRunner(cfg, run).run(on_round=stop_after_round_0)
+    assert RunDir(run).load_checkpoint()["precision"]["native_bf16"] == bool(flags)
+    assert interrupted_run(run, cfg)
+    config = (run / "config.yaml").read_text()
+    monkeypatch.setattr(training, "cpu_flags", lambda: frozenset({"amx_bf16"} - flags))
+    assert not interrupted_run(run, cfg)  # reproduce starts it afresh here
+    with pytest.raises(ConfigError, match=r"cannot resume here: the run trained with amp"):
+        InProcessRunner(cfg, run).run(resume=True)
+    assert (run / "config.yaml").read_text() == config and not (run / "resumes.jsonl").exists()
+    monkeypatch.setattr(training, "cpu_flags", lambda: flags)
+    assert InProcessRunner(cfg, run).run(resume=True)["precision"]["native_bf16"] == bool(flags)
 
 
 def _tensors(obj: object) -> list[torch.Tensor]:

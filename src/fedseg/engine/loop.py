@@ -296,7 +296,7 @@ class Federation:
         cfg = self.cfg
         if resume:
             ck = self.dir.load_checkpoint()
-            self._check_resume(ck["round"])
+            config_now, changes = self._check_resume()
             run_uid, spec = ck["run_uid"], spec_from_json(ck["spec"])
         else:
             self.dir.prepare_new(overwrite)
@@ -312,15 +312,19 @@ class Federation:
         self.spec: FederationSpec = spec
         if not resume:
             return 0, []
+        self._check_resume_precision(ck.get("precision"))
+        if changes:
+            log.info("resuming with changed settings %s", changes)
+        self.dir.record_resume(ck["round"], config_now, changes)
         server.load_state_dict(ck["server"])
         self.link.load_state_dict(ck["sites"])
         self.dir.keep_rounds_upto(ck["round"])
         log.info("resuming run %s after round %d", run_uid, ck["round"] + 1)
         return ck["round"] + 1, list(ck["timing"])
 
-    def _check_resume(self, last: int) -> None:
+    def _check_resume(self) -> tuple[str, dict[str, Any]]:
         """Refuse to continue with settings other than the run's, except declared-safe ones
-        (more rounds, device, threads, ...), which are recorded."""
+        (more rounds, device, threads, ...); the config now and its changes, to record."""
         new = dump_config(self.cfg)
         changes = config_changes(self.dir.stored_config(), yaml.safe_load(new))
         unsafe = sorted(k for k in changes if k not in SAFE_RESUME_CHANGES)
@@ -336,9 +340,7 @@ class Federation:
                 f"a resumed run may only change {', '.join(SAFE_RESUME_CHANGES)}; start a new "
                 "run with --out instead"
             )
-        if changes:
-            log.info("resuming with changed settings %s", changes)
-        self.dir.record_resume(last, new, changes)
+        return new, changes
 
     # -- the run -----------------------------------------------------------------------------
     def run(
@@ -421,22 +423,44 @@ class Federation:
             participation=_participation(loop.server.spec.site_names, rounds),
             eval_failures=failures,
         )
-        method, device = loop.server.method, resolve_device(cfg.engine.device)
-        used = Precision(cfg.engine.amp, cfg.engine.channels_last).resolve(
-            method.model_cfg, self.spec.ndim, device, method.bf16_auto
-        )
-        results["precision"] = {
-            "amp": used.amp,
-            "channels_last": used.channels_last,
-            "native_bf16": native_bf16(device),
-        }
-        results["machine"] = machine(device)
+        results["precision"] = self._precision()
+        results["machine"] = machine(resolve_device(cfg.engine.device))
         if cfg.privacy.enabled:
             results["privacy"] = privacy_report(cfg.privacy, rounds)
         self.dir.write_results(results)
         self.dir.write_cases(per_site)
         log.info("results written to %s", self.dir.results_json)
         return results
+
+    def _precision(self) -> dict[str, Any]:
+        """The precision this run trains in here (``auto`` settings resolved on this device)
+        and whether the device computes bf16 natively; kept in checkpoints and results."""
+        assert self.loop is not None
+        method, device = self.loop.server.method, resolve_device(self.cfg.engine.device)
+        used = Precision(self.cfg.engine.amp, self.cfg.engine.channels_last).resolve(
+            method.model_cfg, self.spec.ndim, device, method.bf16_auto
+        )
+        return {
+            "amp": used.amp,
+            "channels_last": used.channels_last,
+            "native_bf16": native_bf16(device),
+        }
+
+    def _check_resume_precision(self, started: dict[str, Any] | None) -> None:
+        """Refuse to continue a run in another precision than it trained in so far (an
+        ``auto`` setting resolves differently on other hardware); checkpoints written before
+        the precision was recorded are not checked."""
+        if started is None:
+            return
+        here = self._precision()
+        changed = [k for k in ("amp", "channels_last") if started.get(k) != here[k]]
+        if changed:
+            was = ", ".join(f"{k} {started.get(k)!r} -> {here[k]!r}" for k in changed)
+            raise ConfigError(
+                f"{self.dir.path}: cannot resume here: the run trained with {was} on this "
+                "machine (engine.amp/channels_last 'auto' resolve by hardware); continue it "
+                "on a machine like the one it started on, or start a new run with --out"
+            )
 
     def _checkpoint(self, r: int, timing: list[dict[str, float]]) -> None:
         loop = self.loop
@@ -445,6 +469,7 @@ class Federation:
             {
                 "round": r,
                 "timing": timing,
+                "precision": self._precision(),
                 "run_uid": loop.run_uid,
                 "spec": spec_to_json(self.spec),
                 "server": loop.server.state_dict(),

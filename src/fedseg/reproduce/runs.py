@@ -87,20 +87,34 @@ def finished_run(run_dir: Path, cfg: RunConfig) -> bool:
     stored = stored_config(run_dir)
     if stored is None or _comparable(stored) != _comparable(cfg):
         return False
+    used = json.loads((run_dir / "results.json").read_text()).get("precision")
+    return _same_bf16_hardware(used, cfg)
+
+
+def _same_bf16_hardware(used: dict[str, Any] | None, cfg: RunConfig) -> bool:
+    """Whether a run that recorded ``used`` (its ``precision``) resolves ``engine.amp: auto``
+    as ``cfg`` does here: made on hardware that, like this one, does (or does not) compute
+    bf16 natively. Always true for an explicit ``engine.amp``."""
     if cfg.engine.amp != "auto":
         return True
-    used = json.loads((run_dir / "results.json").read_text()).get("precision") or {}
-    return used.get("native_bf16") == native_bf16(resolve_device(cfg.engine.device))
+    return (used or {}).get("native_bf16") == native_bf16(resolve_device(cfg.engine.device))
 
 
 def interrupted_run(run_dir: Path, cfg: RunConfig) -> bool:
-    """Whether ``run_dir`` holds an unfinished run of ``cfg`` (same settings, as
-    :func:`finished_run` compares them) with a checkpoint to continue from."""
+    """Whether ``run_dir`` holds an unfinished run of ``cfg`` (same settings and bf16
+    hardware, as :func:`finished_run` compares them) with a checkpoint to continue from; a
+    checkpoint written before precision was recorded in it counts as the same hardware."""
     rd = RunDir(run_dir)
     if not (rd.checkpoint.is_file() or rd.previous.is_file()):
         return False
     started = _dumped_config(run_dir)
-    return started is not None and _comparable(started) == _comparable(cfg)
+    if started is None or _comparable(started) != _comparable(cfg):
+        return False
+    try:
+        used = rd.load_checkpoint().get("precision", {"native_bf16": None})
+    except ConfigError:
+        return False
+    return used["native_bf16"] is None or _same_bf16_hardware(used, cfg)
 
 
 def run_config(raw: dict[str, Any], run_dir: Path, source: str = "<config>") -> dict[str, Any]:
