@@ -15,15 +15,10 @@ import argparse
 from pathlib import Path
 
 import torch
-import yaml
 from torch import nn
 
-from fedseg.config import parse_config
-from fedseg.data.federation import FederatedDataset
-from fedseg.engine.prepare import prepare_data
-from fedseg.engine.server import make_method, spec_from_json
-from fedseg.engine.sites import load_sites
 from fedseg.engine.worker import initial_model
+from fedseg.inference import RunModels
 
 
 def mlp_output(model: nn.Module, images: torch.Tensor, site: int) -> torch.Tensor:
@@ -41,19 +36,17 @@ def mlp_output(model: nn.Module, images: torch.Tensor, site: int) -> torch.Tenso
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", type=Path, help="FedLPPA run directories")
-    for run in ap.parse_args().runs:
-        cfg = parse_config(yaml.safe_load((run / "config.yaml").read_text()), str(run))
-        ck = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
-        method = make_method(cfg, spec_from_json(ck["spec"]))
-        payload = ck["server"]["payloads"][0]
-        tensors = payload.tensors if hasattr(payload, "tensors") else payload["tensors"]
+    for run_dir in ap.parse_args().runs:
+        run = RunModels(run_dir)
+        method = run.method
+        tensors = run.server.payloads[run.spec.site_names[0]].tensors
         last = method.build_model()
         last.load_state_dict(
             {k: v for k, v in tensors.items() if not k.startswith("aux_decoder.")}, strict=False
         )
-        _, sites = load_sites(FederatedDataset.open(prepare_data(cfg)), cfg.data.labels)
-        print(f"## {run}\n\n| model | site | mean abs | min | max |\n|---|---|---|---|---|")
-        for name, model in (("initial", initial_model(method, cfg.seed)), ("last", last)):
+        sites = run.sites
+        print(f"## {run_dir}\n\n| model | site | mean abs | min | max |\n|---|---|---|---|---|")
+        for name, model in (("initial", initial_model(method, run.cfg.seed)), ("last", last)):
             for site, data in sites.items():
                 y = mlp_output(model, data.train_images[:16], data.spec.index)
                 print(

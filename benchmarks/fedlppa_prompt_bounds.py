@@ -35,12 +35,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from fedlppa_prompts import family  # the sibling script (benchmarks/ is on sys.path)
 
-from fedseg.config import parse_config
-from fedseg.engine.server import make_method, spec_from_json
 from fedseg.engine.worker import initial_model
+from fedseg.inference import RunModels
 from fedseg.methods.base import round_lr, round_steps
 from fedseg.models.tdf import prompt_affinity
 from fedseg.reporting.runs import site_facts
@@ -93,16 +91,13 @@ def family_pair_ranks(
 
 
 def analyse(run_dir: Path) -> dict[str, Any]:
-    cfg = parse_config(yaml.safe_load((run_dir / "config.yaml").read_text()), str(run_dir))
-    ck = torch.load(run_dir / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
-    spec = spec_from_json(ck["spec"])
-    method = make_method(cfg, spec)
+    run = RunModels(run_dir)
+    cfg, spec, method = run.cfg, run.spec, run.method
     tdf0 = initial_model(method, cfg.seed).tdf
     if tdf0 is None:
         raise SystemExit(f"{run_dir}: FedLPPA without TDF has no prompts")
     ddp0, ukp0 = tdf0.ddp.detach(), tdf0.ukp.detach() if tdf0.ukp is not None else None
-    payload = ck["server"]["payloads"][0]
-    tensors = payload.tensors if hasattr(payload, "tensors") else payload["tensors"]
+    tensors = run.server.payloads[spec.site_names[0]].tensors
     ddp, ukp = tensors["tdf.ddp"], tensors.get("tdf.ukp")
     records = [json.loads(x) for x in (run_dir / "rounds.jsonl").read_text().splitlines() if x]
     last = [r["server"] for r in records if "affinity" in r.get("server", {})][-1]
