@@ -176,7 +176,9 @@ class RunConfig(_Strict):
     name: str = "run"
     seed: int = 0
     data: DataSettings
-    method: dict[str, Any] = Field(default_factory=lambda: {"name": "fedavg"})
+    method: dict[str, Any] = Field(
+        default_factory=lambda: {"name": "fedavg"}, validate_default=True
+    )
     model: dict[str, Any] = Field(default_factory=lambda: {"name": "unet"}, validate_default=True)
     """The network (``fedseg.models``): ``name`` plus its options, e.g. ``widths``, ``norm``."""
     train: TrainSettings = TrainSettings()
@@ -204,8 +206,7 @@ class RunConfig(_Strict):
     def _known_method(cls, v: dict[str, Any]) -> dict[str, Any]:
         if "name" not in v:
             raise ValueError("needs a 'name' (see `fedseg methods`)")
-        method_config(v)
-        return v
+        return resolved_method(v)
 
     @field_validator("model")
     @classmethod
@@ -242,6 +243,12 @@ def method_config(block: dict[str, Any]) -> MethodConfig:
     except RegistryError as e:
         raise ValueError(e.reason) from None
     return cls.Config(**{k: v for k, v in block.items() if k != "name"})
+
+
+def resolved_method(block: dict[str, Any]) -> dict[str, Any]:
+    """A ``method:`` block with every setting of the named method, defaults filled in (what
+    :class:`RunConfig` holds, so ``config.yaml`` shows a later change of a default)."""
+    return {"name": block["name"], **method_config(block).model_dump(mode="json")}
 
 
 def _format(err: ValidationError, source: str) -> str:

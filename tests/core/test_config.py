@@ -59,3 +59,51 @@ def test_engine_backend_is_checked_when_the_config_loads():
         parse_config({**base, "engine": {"backend": "nope"}})
     cfg = parse_config({**base, "engine": {"backend": {"name": "flower-sim", "gpus": 0.5}}})
     assert cfg.engine.backend == {"name": "flower-sim", "gpus": 0.5}
+
+
+@pytest.mark.parametrize(
+    "method",
+    [
+        {"name": "ft"},
+        {"name": "fedlc", "personal_iters": 3},
+        {"name": "fedvc", "virtual_classes": 4},
+        {"name": "fedrep", "head_iters": 2},
+    ],
+)
+def test_a_run_config_holds_every_method_setting_and_its_dump_parses_again(method):
+    import yaml
+
+    from fedseg.config import dump_config, method_config
+
+    cfg = parse_config({"data": {"root": "d"}, "method": method})
+    defaults = method_config({"name": method["name"]}).model_dump(mode="json")
+    given = {k for k in method if k != "name"}
+    replaces = method_config(method).replaces
+    replaced = {replaces[f] for f in given if f in replaces}  # personal_fraction, ...
+    assert set(cfg.method) == {"name"} | (set(defaults) | given) - replaced
+    assert parse_config(yaml.safe_load(dump_config(cfg))) == cfg
+
+
+def test_a_kept_run_made_under_another_method_default_is_not_reused(tmp_path):
+    """A run directory's config.yaml holds the method's defaults, so a default changed since
+    (FT's ft_lr went from the base rate to the last round's) shows; a config written before
+    the defaults were recorded holds only what was set and is compared as it reads now."""
+    import json
+
+    from fedseg.config import dump_config
+    from fedseg.reproduce.runs import finished_run
+
+    cfg = parse_config({"data": {"root": "d"}, "method": {"name": "ft"}})
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.json").write_text(json.dumps({"precision": {}}))
+    (run / "cases.csv").write_text("site,case\n")
+    cfg = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"amp": "off"})})
+    (run / "config.yaml").write_text(dump_config(cfg))
+    assert finished_run(run, cfg)
+    old_default = dump_config(cfg).replace("ft_lr: last", "ft_lr: base")
+    (run / "config.yaml").write_text(old_default)
+    assert not finished_run(run, cfg)
+    before_defaults_were_recorded = old_default.replace("  ft_lr: base\n", "")
+    (run / "config.yaml").write_text(before_defaults_were_recorded)
+    assert finished_run(run, cfg)

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from fedseg.config import RunConfig, dump_config
+from fedseg.config import RunConfig, dump_config, resolved_method
 from fedseg.engine.device import machine, resolve_device
 from fedseg.engine.link import Failure, Link, Replies
 from fedseg.engine.results import build_results, communication_summary, validate_evaluation
@@ -326,7 +326,9 @@ class Federation:
         """Refuse to continue with settings other than the run's, except declared-safe ones
         (more rounds, device, threads, ...); the config now and its changes, to record."""
         new = dump_config(self.cfg)
-        changes = config_changes(self.dir.stored_config(), yaml.safe_load(new))
+        changes = config_changes(
+            _with_method_defaults(self.dir.stored_config()), yaml.safe_load(new)
+        )
         unsafe = sorted(k for k in changes if k not in SAFE_RESUME_CHANGES)
         rounds = changes.get("train.rounds")
         if rounds and (not isinstance(rounds[0], int) or rounds[1] < rounds[0]):
@@ -476,6 +478,16 @@ class Federation:
                 "sites": self.link.state_dict(),
             }
         )
+
+
+def _with_method_defaults(stored: dict[str, Any]) -> dict[str, Any]:
+    """A stored config with its method's defaults filled in, as :func:`dump_config` writes
+    them (runs started before 2026-11-28 stored only the settings given; an invalid block is
+    left as it is and shows as a change)."""
+    try:
+        return {**stored, "method": resolved_method(stored["method"])}
+    except (KeyError, TypeError, ValueError):
+        return stored
 
 
 def _participation(names: list[str], rounds: list[dict[str, Any]]) -> dict[str, int]:

@@ -31,6 +31,7 @@ from fedseg.models.registry import ModelConfig, parse_model
 
 __all__ = [
     "Aggregator",
+    "Alternatives",
     "Batches",
     "ClientContext",
     "ClientResult",
@@ -94,13 +95,36 @@ def template_of(state: Mapping[str, torch.Tensor], keys: Iterable[str]) -> Templ
     return {k: TensorSpec(tuple(state[k].shape), state[k].dtype) for k in keys}
 
 
-class MethodConfig(BaseModel):
+class Alternatives(BaseModel):
+    """Settings where an optional field, once set, replaces another (``replaces``: optional
+    field -> the one it replaces): setting both is an error, and a dump holds only the one in
+    force, so that it parses again."""
+
+    replaces: ClassVar[dict[str, str]] = {}
+
+    @model_validator(mode="after")
+    def _not_both(self) -> Alternatives:
+        for option, other in self.replaces.items():
+            if getattr(self, option) is not None and other in self.model_fields_set:
+                raise ValueError(f"set {other} or {option}, not both")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _in_force(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        for option, other in self.replaces.items():
+            if getattr(self, option) is not None:
+                data.pop(other, None)
+        return data
+
+
+class MethodConfig(Alternatives):
     """Base of every method's own settings (the YAML ``method:`` block minus ``name``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class TrainSettings(BaseModel):
+class TrainSettings(Alternatives):
     """Local-training settings shared by all methods (the YAML ``train:`` block)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -134,19 +158,7 @@ class TrainSettings(BaseModel):
     """``auto`` (pCE for weak labels, CE+Dice for full masks), ``pce``, ``ce_dice``,
     ``dice`` (soft Dice over all classes), ``dice_bce`` (binary tasks)."""
 
-    @model_validator(mode="after")
-    def _iters_or_epochs(self) -> TrainSettings:
-        if self.local_epochs is not None and "local_iters" in self.model_fields_set:
-            raise ValueError("set local_iters or local_epochs, not both")
-        return self
-
-    @model_serializer(mode="wrap")
-    def _without_inactive_iters(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """A dump holds ``local_iters`` only where it counts, so that it parses again."""
-        data = handler(self)
-        if self.local_epochs is not None:
-            data.pop("local_iters", None)
-        return data
+    replaces: ClassVar[dict[str, str]] = {"local_epochs": "local_iters"}
 
 
 def batches_per_epoch(num_samples: int, batch_size: int) -> int:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field, model_validator
+from pydantic import Field
 from torch import nn
 
 from fedseg.errors import ConfigError
@@ -151,6 +152,8 @@ class FedLC(PCSMethod):
     class Config(MethodConfig):
         """FedLC settings."""
 
+        replaces: ClassVar[dict[str, str]] = {"personal_iters": "personal_fraction"}
+
         alpha: float = Field(0.1, ge=0)
         """Weight of the contrastive site-embedding loss L_c (0.1 in the FedLPPA comparison)."""
         personal_iters: int | None = Field(None, ge=0)
@@ -170,12 +173,6 @@ class FedLC(PCSMethod):
         """Sigma of the Gaussian that blurs peaks and prediction."""
         hc_threshold: float = Field(0.2, ge=0, le=1)
         """Minimum normalised disagreement of a peak."""
-
-        @model_validator(mode="after")
-        def _one_split(self) -> FedLC.Config:
-            if self.personal_iters is not None and "personal_fraction" in self.model_fields_set:
-                raise ValueError("set personal_iters or personal_fraction, not both")
-            return self
 
     config: Config
     partition = Partition(private=("pcs.*", "hc.*"))

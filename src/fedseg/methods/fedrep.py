@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, PositiveInt, model_validator
 from torch import nn
@@ -61,6 +61,8 @@ class FedRep(FedAvg):
     class Config(WSSConfig):
         """FedRep settings (plus the ``wss`` option)."""
 
+        replaces: ClassVar[dict[str, str]] = {"head_iters": "head_epochs"}
+
         schedule: Literal["alternating", "joint"] = "alternating"
         """``alternating``: head phase then body phase (the paper); ``joint``: head and body
         trained together for one round's steps (PFL-Seg-Trans)."""
@@ -78,8 +80,6 @@ class FedRep(FedAvg):
         def _some_training(self) -> FedRep.Config:
             if self.head_iters == 0 and self.body_iters == 0:
                 raise ValueError("head_iters and body_iters are both 0: nothing would be trained")
-            if self.head_iters is not None and "head_epochs" in self.model_fields_set:
-                raise ValueError("set head_iters or head_epochs, not both")
             phases = {k for k in ("head_iters", "body_iters") if getattr(self, k) is not None}
             if self.schedule == "joint" and (phases or self.head_epochs != 1):
                 raise ValueError(

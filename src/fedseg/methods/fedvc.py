@@ -7,7 +7,7 @@ Decisions the paper leaves open are listed in docs/methods/fedvc.md.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -152,6 +152,8 @@ class FedVC(FedAvg):
     class Config(MethodConfig):
         """Virtual-class and PAA settings."""
 
+        replaces: ClassVar[dict[str, str]] = {"virtual_classes": "virtual_factor"}
+
         vc: bool = True
         """Virtual-class cosine head and ``L_v`` (false: the backbone's conv head, Dice+CE)."""
         virtual_classes: PositiveInt | None = None
@@ -179,8 +181,6 @@ class FedVC(FedAvg):
 
         @model_validator(mode="after")
         def _check(self) -> FedVC.Config:
-            if self.virtual_classes is not None and "virtual_factor" in self.model_fields_set:
-                raise ValueError("set virtual_classes or virtual_factor, not both")
             if len(set(self.paa_shared)) != len(self.paa_shared):
                 raise ValueError(f"paa_shared lists a part twice: {list(self.paa_shared)}")
             return self
