@@ -277,7 +277,11 @@ def parse_config(raw: dict[str, Any], source: str = "<config>") -> RunConfig:
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``key.sub=value`` overrides (values parsed as YAML) to a raw config mapping."""
+    """Apply ``key.sub=value`` overrides (values parsed as YAML) to a raw config mapping.
+
+    ``method.name`` set to another method drops the block's settings that equal the old
+    method's defaults (a run's ``config.yaml`` records them all), so the new method starts
+    from its own defaults; settings given other values are kept (and must fit it)."""
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"--set {item!r}: expected key=value, e.g. train.rounds=5")
@@ -288,8 +292,22 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {item!r}: {p} is not a mapping")
-        node[leaf] = yaml.safe_load(value)
+        new = yaml.safe_load(value)
+        if parents == ["method"] and leaf == "name" and node.get("name") != new:
+            node = _without_defaults(node)
+            raw["method"] = node
+        node[leaf] = new
     return raw
+
+
+def _without_defaults(block: dict[str, Any]) -> dict[str, Any]:
+    """``block`` without the settings that equal its method's defaults (the whole block as
+    it is where the method is unknown)."""
+    try:
+        defaults = method_config({"name": block["name"]}).model_dump(mode="json")
+    except (KeyError, ValueError):
+        return block
+    return {k: v for k, v in block.items() if k not in defaults or defaults[k] != v}
 
 
 def from_run_dump(raw: dict[str, Any]) -> dict[str, Any]:

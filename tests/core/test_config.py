@@ -107,3 +107,28 @@ def test_a_kept_run_made_under_another_method_default_is_not_reused(tmp_path):
     before_defaults_were_recorded = old_default.replace("  ft_lr: base\n", "")
     (run / "config.yaml").write_text(before_defaults_were_recorded)
     assert finished_run(run, cfg)
+
+
+def test_switching_the_method_of_a_dumped_config_starts_from_the_new_methods_defaults():
+    """A run's config.yaml records every method setting; ``--set method.name=...`` on it (the
+    demo's 'another method on the same data') drops those at the old method's defaults and
+    keeps the ones given other values, which must then fit the new method."""
+    import yaml
+
+    from fedseg.config import apply_overrides, dump_config
+
+    def dumped(method: dict) -> dict:
+        return yaml.safe_load(dump_config(parse_config({"data": {"root": "d"}, "method": method})))
+
+    switched = apply_overrides(dumped({"name": "fedavg"}), ["method.name=fedlppa"])
+    assert switched["method"] == {"name": "fedlppa"}
+    assert (
+        parse_config(switched).method
+        == parse_config({"data": {"root": "d"}, "method": {"name": "fedlppa"}}).method
+    )
+    kept = apply_overrides(dumped({"name": "fedprox", "mu": 0.5}), ["method.name=fedavg"])
+    assert kept["method"] == {"name": "fedavg", "mu": 0.5}
+    with pytest.raises(ConfigError, match=r"method\.mu: unknown key"):
+        parse_config(kept)
+    then_set = apply_overrides(dumped({"name": "fedavg"}), ["method.name=fedprox", "method.mu=0.1"])
+    assert parse_config(then_set).method["mu"] == 0.1
