@@ -104,6 +104,20 @@ def test_resume_with_more_rounds_continues_and_records_the_change(finished, tmp_
     ]  # fmt: skip
 
 
+def test_a_run_that_recorded_only_the_method_settings_given_still_resumes(finished, tmp_path):
+    """config.yaml of runs started before 2026-11-28 holds only the method settings given;
+    the defaults the run resolves today are not a change of its config."""
+    run = _copy(finished, tmp_path / "run")
+    stored = yaml.safe_load((run / "config.yaml").read_text())
+    assert set(stored["method"]) > {"name"}  # recorded today: every setting
+    stored["method"] = {"name": stored["method"]["name"]}
+    (run / "config.yaml").write_text(yaml.safe_dump(stored))
+    code, text = _cli("run", "--resume", str(run), "--set", f"train.rounds={ROUNDS + 1}")
+    assert code == 0, text
+    change = json.loads((run / "resumes.jsonl").read_text())
+    assert change["changes"] == {"train.rounds": [ROUNDS, ROUNDS + 1]}
+
+
 def test_out_into_a_finished_run_is_refused_without_overwrite(finished, fed, tmp_path):
     run = _copy(finished, tmp_path / "run")
     rounds = (run / "rounds.jsonl").read_text()
