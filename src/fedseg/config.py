@@ -311,13 +311,18 @@ def _without_defaults(block: dict[str, Any]) -> dict[str, Any]:
 
 
 def from_run_dump(raw: dict[str, Any]) -> dict[str, Any]:
-    """A run directory's ``config.yaml`` as :func:`parse_config` takes it. Dumps written
-    before 2026-11-25 also hold the inactive ``train.local_iters`` beside
-    ``train.local_epochs``, which a config written by hand may not."""
+    """A run directory's ``config.yaml`` as :func:`parse_config` takes it and as a dump
+    written today reads. Dumps written before 2026-11-25 also hold the inactive
+    ``train.local_iters`` beside ``train.local_epochs``, which a config written by hand may
+    not; those before 2026-11-28 hold only the method settings given (today's defaults are
+    filled in; an invalid block is left as it is)."""
     train = raw.get("train")
     if isinstance(train, dict) and train.get("local_epochs") is not None:
         raw = {**raw, "train": {k: v for k, v in train.items() if k != "local_iters"}}
-    return raw
+    try:
+        return {**raw, "method": resolved_method(raw["method"])}
+    except (KeyError, TypeError, ValueError):
+        return raw
 
 
 def load_config(

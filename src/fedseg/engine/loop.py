@@ -16,12 +16,13 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from fedseg.config import RunConfig, dump_config, resolved_method
+from fedseg.config import RunConfig, dump_config
 from fedseg.engine.device import machine, resolve_device
 from fedseg.engine.link import Failure, Link, Replies
 from fedseg.engine.results import build_results, communication_summary, validate_evaluation
@@ -326,9 +327,7 @@ class Federation:
         """Refuse to continue with settings other than the run's, except declared-safe ones
         (more rounds, device, threads, ...); the config now and its changes, to record."""
         new = dump_config(self.cfg)
-        changes = config_changes(
-            _with_method_defaults(self.dir.stored_config()), yaml.safe_load(new)
-        )
+        changes = config_changes(self.dir.stored_config(), yaml.safe_load(new))
         unsafe = sorted(k for k in changes if k not in SAFE_RESUME_CHANGES)
         rounds = changes.get("train.rounds")
         if rounds and (not isinstance(rounds[0], int) or rounds[1] < rounds[0]):
@@ -425,7 +424,7 @@ class Federation:
             participation=_participation(loop.server.spec.site_names, rounds),
             eval_failures=failures,
         )
-        results["precision"] = self._precision()
+        results["precision"] = self._precision
         results["machine"] = machine(resolve_device(cfg.engine.device))
         if cfg.privacy.enabled:
             results["privacy"] = privacy_report(cfg.privacy, rounds)
@@ -434,6 +433,7 @@ class Federation:
         log.info("results written to %s", self.dir.results_json)
         return results
 
+    @cached_property
     def _precision(self) -> dict[str, Any]:
         """The precision this run trains in here (``auto`` settings resolved on this device)
         and whether the device computes bf16 natively; kept in checkpoints and results."""
@@ -454,7 +454,7 @@ class Federation:
         the precision was recorded are not checked."""
         if started is None:
             return
-        here = self._precision()
+        here = self._precision
         changed = [k for k in ("amp", "channels_last") if started.get(k) != here[k]]
         if changed:
             was = ", ".join(f"{k} {started.get(k)!r} -> {here[k]!r}" for k in changed)
@@ -471,23 +471,13 @@ class Federation:
             {
                 "round": r,
                 "timing": timing,
-                "precision": self._precision(),
+                "precision": self._precision,
                 "run_uid": loop.run_uid,
                 "spec": spec_to_json(self.spec),
                 "server": loop.server.state_dict(),
                 "sites": self.link.state_dict(),
             }
         )
-
-
-def _with_method_defaults(stored: dict[str, Any]) -> dict[str, Any]:
-    """A stored config with its method's defaults filled in, as :func:`dump_config` writes
-    them (runs started before 2026-11-28 stored only the settings given; an invalid block is
-    left as it is and shows as a change)."""
-    try:
-        return {**stored, "method": resolved_method(stored["method"])}
-    except (KeyError, TypeError, ValueError):
-        return stored
 
 
 def _participation(names: list[str], rounds: list[dict[str, Any]]) -> dict[str, int]:
