@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -59,14 +60,19 @@ def _diff(c: Comparison) -> str:
     return f"{_num(s.median)} [{_num(s.low)}, {_num(s.high)}]"
 
 
+def _machine_name(res: dict[str, Any]) -> str:
+    """What a run's timings belong to: its GPU where it trained on one, else its CPU model."""
+    m = res.get("machine")
+    if not m:
+        return "not recorded (runs before 2026-11-27)"
+    device = str(m.get("device", "cpu"))
+    return m["cpu"] if device == "cpu" else f"{device} on {m['cpu']}"
+
+
 def _machines_line(rep: Reproduction) -> str:
-    """Which CPUs the runs ran on (wall and CPU seconds compare only within one)."""
-    counts: dict[str, int] = {}
-    for rr in rep.rows:
-        for res in rr.results:
-            cpu = (res.get("machine") or {}).get("cpu", "not recorded (runs before 2026-11-27)")
-            counts[cpu] = counts.get(cpu, 0) + 1
-    where = "; ".join(f"{cpu}: {n}" for cpu, n in sorted(counts.items()))
+    """Which machines the runs ran on (wall and CPU seconds compare only within one)."""
+    counts = Counter(_machine_name(res) for rr in rep.rows for res in rr.results)
+    where = "; ".join(f"{name}: {n}" for name, n in sorted(counts.items()))
     return f"Runs per machine (times compare only within one): {where}."
 
 
