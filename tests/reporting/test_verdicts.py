@@ -250,13 +250,13 @@ def test_identical_configs_end_to_end_and_the_evidence_folder(tmp_path, toy_pape
     assert "Runs per machine (times compare only within one): " in page  # this CPU: 2 runs
     assert ": 2." in page.split("Runs per machine")[1].splitlines()[0]
     # a run on a GPU is counted by its GPU, not by the CPU of the machine that held it
-    here = rep.rows[0].results[0]["machine"]
-    rep.rows[0].results[0]["machine"] = {**here, "device": "cuda:0 (NVIDIA H200)"}
-    line = render_markdown(rep).split("Runs per machine")[1].splitlines()[0]
+    on_gpu = copy.deepcopy(rep)
+    here = on_gpu.rows[0].results[0]["machine"]
+    on_gpu.rows[0].results[0]["machine"] = {**here, "device": "cuda:0 (NVIDIA H200)"}
+    line = render_markdown(on_gpu).split("Runs per machine")[1].splitlines()[0]
     entries = line.split(": ", 1)[1].rstrip(".").split("; ")
     gpu = f"cuda:0 (NVIDIA H200) on {here['cpu']}: 1"
     assert sorted(entries) == sorted([gpu, f"{here['cpu']}: 1"])
-    rep.rows[0].results[0]["machine"] = here
     assert "Time of the table, summed over its 2 runs: " in page
     kept = evidence / "runs" / "a" / "seed0"
     assert sorted(p.name for p in kept.iterdir()) == sorted(
