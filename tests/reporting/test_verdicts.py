@@ -145,6 +145,49 @@ def test_holm_is_applied_over_every_comparison_of_the_table(tmp_path):
     assert min(c.p_holm for c in tested) == pytest.approx(min(1.0, 2 * raw[0]))
 
 
+def test_holm_counts_the_comparisons_still_to_run_at_p_one(tmp_path):
+    labels = ("ours", "mid", "late", "base")
+    # planned: 3 rows against the reference (base) and the pair mid-late
+    table = _table(_claim(), _claim(rows=("mid",), others=("late",)), labels=labels)
+    mixed = [v + (0.05 if i % 5 else -0.01) for i, v in enumerate(BASE)]  # a few cases worse
+    ours = _row(tmp_path, "ours", [mixed, mixed])
+    base = _row(tmp_path, "base", [BASE, BASE])
+    (c,) = analyse(table, {"ours": ours, "base": base}, ["dsc"]).references
+    assert c.p_holm == pytest.approx(4 * c.stats.p)
+    # two rows short of seeds (one better on every case: a smaller p) cannot lower that bound
+    mid = _row(tmp_path, "mid", [[v + 0.3 for v in BASE]])
+    late = _row(tmp_path, "late", [BASE])
+    runs = {"ours": ours, "mid": mid, "late": late, "base": base}
+    a = analyse(table, runs, ["dsc"], seeds=2)
+    early = a.claims[1].comparisons[0]
+    assert early.stats.p < c.stats.p
+    assert a.claims[0].comparisons[0].p_holm == pytest.approx(4 * c.stats.p)
+    assert early.p_holm == pytest.approx(4 * early.stats.p)  # the table so far
+
+
+def test_a_claim_is_contradicted_before_all_its_rows_have_run(tmp_path):
+    labels = ("ours", "late", "base")
+    claim = _claim(others=("base", "late"))  # ours must beat both
+    worse = _row(tmp_path, "ours", [[v - 0.05 for v in BASE], [v - 0.04 for v in BASE]])
+    base = _row(tmp_path, "base", [BASE, BASE])
+    (v,) = analyse(_table(claim, labels=labels), {"ours": worse, "base": base}, ["dsc"]).claims
+    assert v.verdict == "contradicted" and "still to run: ours vs late" in v.reason
+    assert [(c.row, c.other) for c in v.comparisons] == [("ours", "base")]
+    # a row short of seeds counts as not run yet; a favourable pair decides nothing early
+    late = _row(tmp_path, "late", [BASE])
+    (v,) = analyse(
+        _table(claim, labels=labels), {"ours": worse, "base": base, "late": late}, ["dsc"]
+    ).claims
+    assert v.verdict == "contradicted"
+    better = _row(tmp_path, "ours", [[v + 0.05 for v in BASE], [v + 0.04 for v in BASE]])
+    (v,) = analyse(_table(claim, labels=labels), {"ours": better, "base": base}, ["dsc"]).claims
+    assert v.verdict == "not run" and "late" in v.reason
+    (v,) = analyse(
+        _table(claim, labels=labels), {"ours": better, "base": base, "late": late}, ["dsc"]
+    ).claims
+    assert v.verdict == "refused" and "seeds" in v.reason
+
+
 @pytest.mark.parametrize(
     ("change", "named"),
     [

@@ -4,13 +4,15 @@ verdict per claim (docs/reproduce.md#reading-a-verdict).
 Verdicts: ``holds`` (Holm-adjusted Wilcoxon p < ALPHA in the claimed direction; for a closeness
 claim: the 95 % interval of the median difference inside the margin), ``contradicted``
 (significant the other way; the interval outside the margin), ``unresolved`` (neither),
-``refused`` (the rows ran on different data, budgets or seeds) and ``not run``.
+``refused`` (the rows ran on different data, budgets or seeds) and ``not run``. Holm's family is
+every comparison the whole table plans, a comparison not run yet counting as p = 1, so a
+verdict reached on rows that have all their seeds stands whatever the rest of the table gives.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -138,11 +140,34 @@ def _claim_verdict(claim: Claim, comps: Sequence[Comparison]) -> ClaimVerdict:
     return ClaimVerdict(claim, tuple(comps), verdict, f"{pairs} pairs")
 
 
+def _planned(table: PaperTable, metrics: Sequence[str]) -> set[tuple[str, str, str]]:
+    """Every comparison of the complete table: each row against each reference row on every
+    metric, and each claim's pairs on its metric (a pair and its reverse counted once)."""
+    labels = [r.label for r in table.rows]
+    wanted = [(r, ref, m) for ref in table.reference for r in labels if r != ref for m in metrics]
+    wanted += [(a, b, claim.metric) for claim in table.claims for a, b in claim.pairs()]
+    planned: set[tuple[str, str, str]] = set()
+    for a, b, m in wanted:
+        if (b, a, m) not in planned:
+            planned.add((a, b, m))
+    return planned
+
+
 def analyse(
-    table: PaperTable, runs: Mapping[str, RowRuns], metrics: Sequence[str]
+    table: PaperTable,
+    runs: Mapping[str, RowRuns],
+    metrics: Sequence[str],
+    seeds: int | None = None,
 ) -> TableAnalysis:
-    """Statistics of one table from the rows' finished runs (rows without runs are skipped;
-    a claim on such a row is ``not run``)."""
+    """Statistics of one table from the rows' finished runs (rows without runs are skipped).
+
+    A row is *complete* with ``seeds`` seeds (default: the most any row has). Holm's family is
+    the complete table's comparisons (:func:`_planned`); for a comparison of two complete rows
+    every other comparison counts at p = 1 until both its rows are complete, so its adjusted p
+    only falls as the table fills and a verdict on complete rows is final. A claim with a row
+    not run (or short of seeds) is ``contradicted`` if its pairs of complete rows already
+    contradict it (every pair must hold), else ``not run`` (a row without runs) or as its pairs
+    give (``refused`` for rows of other seeds)."""
     summaries = {
         (label, m): seed_summary([_site_average(r, m) for r in rr.results])
         for label, rr in runs.items()
@@ -165,16 +190,18 @@ def analyse(
             computed[(a, b, metric)] = Comparison(a, b, metric, stats, refused=why)
         return computed[(a, b, metric)]
 
-    wanted: list[tuple[str, str, str]] = []
-    for ref in table.reference:
-        wanted += [(r, ref, m) for r in runs if r != ref and ref in runs for m in metrics]
-    for claim in table.claims:
-        wanted += [(a, b, claim.metric) for a, b in claim.pairs() if a in runs and b in runs]
-    for a, b, m in wanted:
-        compare(a, b, m)
+    planned = _planned(table, metrics)
+    full = seeds or max((len(rr.seeds) for rr in runs.values()), default=0)
+    complete = {label for label, rr in runs.items() if len(rr.seeds) >= full}
+    for a, b, m in sorted(planned):
+        if a in runs and b in runs:
+            compare(a, b, m)
     tested = [k for k, c in computed.items() if c.stats is not None]
-    for key, p in zip(tested, holm([computed[k].stats.p for k in tested]), strict=True):
-        computed[key] = replace(computed[key], p_holm=p)
+    final = [k for k in tested if k[0] in complete and k[1] in complete]
+    for family in (tested, final):  # complete pairs: the rest at p = 1, a bound that stands
+        p = [computed[k].stats.p for k in family] + [1.0] * (len(planned) - len(family))
+        for key, adjusted in zip(family, holm(p)[: len(family)], strict=True):
+            computed[key] = replace(computed[key], p_holm=adjusted)
 
     references = [
         compare(r, ref, m)
@@ -184,13 +211,26 @@ def analyse(
         if r != ref
         for m in metrics
     ]
-    verdicts = []
-    for claim in table.claims:
-        missing = sorted({x for pair in claim.pairs() for x in pair if x not in runs})
-        if missing:
-            verdicts.append(ClaimVerdict(claim, (), "not run", f"no runs of {', '.join(missing)}"))
-            continue
-        verdicts.append(
-            _claim_verdict(claim, [compare(a, b, claim.metric) for a, b in claim.pairs()])
-        )
+    verdicts = [_verdict(claim, runs, complete, compare) for claim in table.claims]
     return TableAnalysis(summaries, references, verdicts, cases)
+
+
+def _verdict(
+    claim: Claim,
+    runs: Mapping[str, RowRuns],
+    complete: set[str],
+    compare: Callable[[str, str, str], Comparison],
+) -> ClaimVerdict:
+    """The claim's verdict from the pairs run so far (see :func:`analyse`)."""
+    pairs = claim.pairs()
+    missing = sorted({x for pair in pairs for x in pair if x not in runs})
+    waiting = [(a, b) for a, b in pairs if a not in complete or b not in complete]
+    if waiting:
+        ready = [compare(a, b, claim.metric) for a, b in pairs if (a, b) not in waiting]
+        early = _claim_verdict(claim, ready) if ready else None
+        if early is not None and early.verdict == "contradicted":
+            rest = ", ".join(f"{a} vs {b}" for a, b in waiting)
+            return replace(early, reason=f"{early.reason}; still to run: {rest}")
+    if missing:
+        return ClaimVerdict(claim, (), "not run", f"no runs of {', '.join(missing)}")
+    return _claim_verdict(claim, [compare(a, b, claim.metric) for a, b in pairs])
