@@ -185,7 +185,13 @@ def test_a_claim_is_contradicted_before_all_its_rows_have_run(tmp_path):
     (v,) = analyse(
         _table(claim, labels=labels), {"ours": better, "base": base, "late": late}, ["dsc"]
     ).claims
-    assert v.verdict == "refused" and "seeds" in v.reason
+    assert v.verdict == "not run" and "short of seeds: late (ran seeds [0])" in v.reason
+    # rows all short of the planned seeds give no verdict, however their one seed compares
+    one = {k: _row(tmp_path, k, [vals]) for k, vals in (("ours", BASE), ("base", BASE))}
+    full = analyse(_table(claim, labels=labels), {**one, "late": late}, ["dsc"], seeds=1)
+    assert full.claims[0].verdict == "unresolved"
+    (v,) = analyse(_table(claim, labels=labels), {**one, "late": late}, ["dsc"], seeds=3).claims
+    assert v.verdict == "not run" and "ours (ran seeds [0])" in v.reason
 
 
 @pytest.mark.parametrize(
@@ -208,7 +214,11 @@ def test_a_claim_on_rows_of_different_data_or_budgets_is_refused(tmp_path, chang
 def test_rows_of_other_seeds_or_cases_are_refused(tmp_path):
     runs = {"ours": _row(tmp_path, "ours", [BASE, BASE]), "base": _row(tmp_path, "base", [BASE])}
     (v,) = analyse(_table(_claim()), runs, ["dsc"]).claims
-    assert v.verdict == "refused" and "seeds" in v.reason
+    assert v.verdict == "not run" and "short of seeds: base" in v.reason
+    runs["base"] = _row(tmp_path, "base", [BASE, BASE])
+    runs["base"].configs[1]["seed"] = 5  # as many seeds, not the same ones
+    (v,) = analyse(_table(_claim()), runs, ["dsc"]).claims
+    assert v.verdict == "refused" and "seeds [0, 5]" in v.reason
     with pytest.raises(ConfigError, match="different cases"):
         paired({("A", "1"): 1.0}, {("A", "2"): 1.0}, "ours - base")
 

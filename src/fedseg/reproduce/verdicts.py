@@ -166,8 +166,8 @@ def analyse(
     every other comparison counts at p = 1 until both its rows are complete, so its adjusted p
     only falls as the table fills and a verdict on complete rows is final. A claim with a row
     not run (or short of seeds) is ``contradicted`` if its pairs of complete rows already
-    contradict it (every pair must hold), else ``not run`` (a row without runs) or as its pairs
-    give (``refused`` for rows of other seeds)."""
+    contradict it (every pair must hold), else ``not run``, naming the rows it waits for and
+    keeping the comparisons run so far (their Holm p counts the rest at p = 1)."""
     summaries = {
         (label, m): seed_summary([_site_average(r, m) for r in rr.results])
         for label, rr in runs.items()
@@ -223,14 +223,18 @@ def _verdict(
 ) -> ClaimVerdict:
     """The claim's verdict from the pairs run so far (see :func:`analyse`)."""
     pairs = claim.pairs()
-    missing = sorted({x for pair in pairs for x in pair if x not in runs})
     waiting = [(a, b) for a, b in pairs if a not in complete or b not in complete]
-    if waiting:
-        ready = [compare(a, b, claim.metric) for a, b in pairs if (a, b) not in waiting]
-        early = _claim_verdict(claim, ready) if ready else None
-        if early is not None and early.verdict == "contradicted":
-            rest = ", ".join(f"{a} vs {b}" for a, b in waiting)
-            return replace(early, reason=f"{early.reason}; still to run: {rest}")
-    if missing:
-        return ClaimVerdict(claim, (), "not run", f"no runs of {', '.join(missing)}")
-    return _claim_verdict(claim, [compare(a, b, claim.metric) for a, b in pairs])
+    if not waiting:
+        return _claim_verdict(claim, [compare(a, b, claim.metric) for a, b in pairs])
+    ready = [compare(a, b, claim.metric) for a, b in pairs if (a, b) not in waiting]
+    early = _claim_verdict(claim, ready) if ready else None
+    if early is not None and early.verdict == "contradicted":
+        rest = ", ".join(f"{a} vs {b}" for a, b in waiting)
+        return replace(early, reason=f"{early.reason}; still to run: {rest}")
+    short = sorted({x for pair in waiting for x in pair if x not in complete})
+    missing = [x for x in short if x not in runs]
+    partial = [f"{x} (ran seeds {runs[x].seeds})" for x in short if x in runs]
+    reasons = [f"no runs of {', '.join(missing)}"] if missing else []
+    reasons += [f"short of seeds: {', '.join(partial)}"] if partial else []
+    so_far = tuple(compare(a, b, claim.metric) for a, b in pairs if a in runs and b in runs)
+    return ClaimVerdict(claim, so_far, "not run", "; ".join(reasons))
