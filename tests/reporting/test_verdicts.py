@@ -346,6 +346,7 @@ def test_identical_configs_end_to_end_and_the_evidence_folder(tmp_path, toy_pape
 def test_a_row_shared_with_another_table_is_copied_not_retrained(tmp_path, toy_paper):
     raw, write = toy_paper
     other = raw["tables"]["u"] = copy.deepcopy(raw["tables"]["t"])
+    other["rows"][0]["set"] = ["name=u-a"]  # a run's name is a label, not a setting
     other["rows"][1]["set"] = ["train.lr=0.002"]  # B differs in u: trained there
     other["claims"] = [{**other["claims"][0], "id": "u-a-beats-b"}]
     write(raw)

@@ -52,6 +52,7 @@ worker counts give the same results, docs/architecture.md); ``engine.amp`` and
 
 def _comparable(cfg: RunConfig) -> dict[str, Any]:
     d = cfg.model_dump(mode="json")
+    d.pop("name")  # a label: two configs that differ only in it train the same run
     for key in RESULT_NEUTRAL_ENGINE:
         d["engine"].pop(key, None)
     return d
@@ -79,8 +80,8 @@ def finished_run(run_dir: Path, cfg: RunConfig) -> bool:
     """Whether ``run_dir`` holds a finished run of ``cfg``: its results, cases and a config
     that resolves to the same settings (a setting added since, at its default, still
     matches; a changed default does not, where the run recorded it: method settings are
-    recorded with their defaults since 2026-11-28; engine settings that leave the numbers
-    unchanged, :data:`RESULT_NEUTRAL_ENGINE`, are not compared). Under ``engine.amp: auto`` the run
+    recorded with their defaults since 2026-11-28; the run's ``name`` and engine settings
+    that leave the numbers unchanged, :data:`RESULT_NEUTRAL_ENGINE`, are not compared). Under ``engine.amp: auto`` the run
     must also have been made on hardware that, like this one, does (or does not) compute
     bf16 natively: ``auto`` resolves differently there."""
     if not (run_dir / "cases.csv").is_file():
