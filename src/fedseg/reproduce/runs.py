@@ -81,9 +81,9 @@ def finished_run(run_dir: Path, cfg: RunConfig) -> bool:
     that resolves to the same settings (a setting added since, at its default, still
     matches; a changed default does not, where the run recorded it: method settings are
     recorded with their defaults since 2026-11-28; the run's ``name`` and engine settings
-    that leave the numbers unchanged, :data:`RESULT_NEUTRAL_ENGINE`, are not compared). Under ``engine.amp: auto`` the run
-    must also have been made on hardware that, like this one, does (or does not) compute
-    bf16 natively: ``auto`` resolves differently there."""
+    that leave the numbers unchanged, :data:`RESULT_NEUTRAL_ENGINE`, are not compared).
+    Under ``engine.amp: auto`` the run must also have been made on hardware that, like this
+    one, does (or does not) compute bf16 natively: ``auto`` resolves differently there."""
     if not (run_dir / "cases.csv").is_file():
         return False
     stored = stored_config(run_dir)
