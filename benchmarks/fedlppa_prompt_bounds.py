@@ -30,12 +30,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from itertools import combinations
 from pathlib import Path
 from typing import Any
 
 import torch
-from fedlppa_prompts import family  # the sibling script (benchmarks/ is on sys.path)
+from fedlppa_prompts import (  # the sibling script (benchmarks/ is on sys.path)
+    family_pair_ranks,
+    rank_agreement,
+)
 
 from fedseg.engine.worker import initial_model
 from fedseg.inference import RunModels
@@ -62,32 +64,6 @@ def off_diagonal(m: torch.Tensor) -> tuple[float, float, float]:
 def lr_sum(train: Any, steps_per_round: int) -> float:
     """Sum of the learning rate over one site's local steps of the whole run."""
     return sum(round_lr(train, r) * steps_per_round for r in range(train.rounds))
-
-
-def rank_agreement(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Spearman correlation of the off-diagonal entries of two affinity matrices: 1 when
-    the site pairs are ordered as at the start."""
-    mask = ~torch.eye(len(a), dtype=torch.bool)
-    ranks = [torch.argsort(torch.argsort(m[mask])).double() for m in (a, b)]
-    return float(torch.corrcoef(torch.stack(ranks))[0, 1])
-
-
-def family_pair_ranks(
-    names: list[str], annotations: dict[str, str], before: torch.Tensor, after: torch.Tensor
-) -> list[str]:
-    """Each pair of sites with the same annotation family: its affinity rank among all site
-    pairs (1 = closest) at initialisation and at the last round."""
-    pairs = list(combinations(range(len(names)), 2))
-
-    def rank(m: torch.Tensor, pair: tuple[int, int]) -> int:
-        order = sorted(pairs, key=lambda p: -float(m[p]))
-        return order.index(pair) + 1
-
-    return [
-        f"{names[i]}-{names[j]} {rank(before, (i, j))} -> {rank(after, (i, j))} of {len(pairs)}"
-        for i, j in pairs
-        if family(annotations[names[i]]) == family(annotations[names[j]])
-    ]
 
 
 def analyse(run_dir: Path) -> dict[str, Any]:

@@ -7,11 +7,12 @@ Reads each run's ``rounds.jsonl`` (FedLPPA logs the N x N prompt ``affinity`` of
 ``affinity_drift`` since round 1 and ``affinity_change`` since the previous round, and per
 site the LA weight statistics ``la_main_mean``, ``la_aux_mean``, ``la_main_local_share``) and
 the federation's manifest (each site's annotation type). Writes ``prompts.md`` (per run: the
-last affinity matrix, drift at quarters of the run, mean affinity of site pairs with the same
-annotation family against pairs with different ones: the paper's premise that sites labelled
-alike end up closer, LA weights at the last round) and ``prompts.png`` (drift per round, LA
-main-decoder weight per round and site, the last affinity matrix of the first run). It reads
-files only; nothing is trained.
+last affinity matrix, drift at quarters of the run, whether the site pairs keep the order of
+the first logged round (Spearman) and where the same-family pairs rank, mean affinity of site
+pairs with the same annotation family against pairs with different ones: the paper's premise
+that sites labelled alike end up closer, LA weights at the last round) and ``prompts.png``
+(drift per round, LA main-decoder weight per round and site, the last affinity matrix of the
+first run). It reads files only; nothing is trained.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import statistics
 from itertools import combinations
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from fedseg.reporting.runs import site_facts
 
@@ -43,7 +46,7 @@ def read_run(run_dir: Path) -> dict[str, Any]:
     with_matrix = [r for r in records if "affinity" in r.get("server", {})]
     if not with_matrix:
         raise SystemExit(f"{run_dir}: no affinity in rounds.jsonl (FedLPPA with tdf: true?)")
-    last = with_matrix[-1]["server"]
+    first, last = with_matrix[0], with_matrix[-1]["server"]
     names = last.get("affinity_sites") or sorted(records[-1]["clients"])
     la = {
         s: [
@@ -59,11 +62,39 @@ def read_run(run_dir: Path) -> dict[str, Any]:
         "dir": run_dir,
         "names": names,
         "matrix": last["affinity"],
+        "first": first["server"]["affinity"],
+        "rounds": (first["round"] + 1, with_matrix[-1]["round"] + 1),
         "drift": drift,
         "la": la,
         "annotations": annotations,
         "la_last": {s: records[-1]["clients"].get(s, {}) for s in names},
     }
+
+
+def rank_agreement(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Spearman correlation of the off-diagonal entries of two affinity matrices: 1 when
+    the site pairs are ordered as in ``a``."""
+    mask = ~torch.eye(len(a), dtype=torch.bool)
+    ranks = [torch.argsort(torch.argsort(m[mask])).double() for m in (a, b)]
+    return float(torch.corrcoef(torch.stack(ranks))[0, 1])
+
+
+def family_pair_ranks(
+    names: list[str], annotations: dict[str, str], before: torch.Tensor, after: torch.Tensor
+) -> list[str]:
+    """Each pair of sites with the same annotation family: its affinity rank among all site
+    pairs (1 = closest) in ``before`` and in ``after``."""
+    pairs = list(combinations(range(len(names)), 2))
+
+    def rank(m: torch.Tensor, pair: tuple[int, int]) -> int:
+        order = sorted(pairs, key=lambda p: -float(m[p]))
+        return order.index(pair) + 1
+
+    return [
+        f"{names[i]}-{names[j]} {rank(before, (i, j))} -> {rank(after, (i, j))} of {len(pairs)}"
+        for i, j in pairs
+        if family(annotations[names[i]]) == family(annotations[names[j]])
+    ]
 
 
 def premise(run: dict[str, Any]) -> tuple[float | None, int, float | None, int]:
@@ -97,6 +128,8 @@ def markdown(runs: list[dict[str, Any]]) -> str:
     for run in runs:
         names = run["names"]
         same, n_same, other, n_other = premise(run)
+        before, after = torch.tensor(run["first"]), torch.tensor(run["matrix"])
+        r0, r1 = run["rounds"]
         lines += [
             f"## {run['dir']}",
             "",
@@ -112,6 +145,10 @@ def markdown(runs: list[dict[str, Any]]) -> str:
         lines += [
             "",
             f"- affinity drift since round 1: {quarters(run['drift'])}",
+            f"- order of the site pairs, round {r0} vs {r1} (Spearman): "
+            f"{rank_agreement(before, after):.2f}; same-family pairs' affinity rank "
+            f"(1 = closest), round {r0} -> {r1}: "
+            + (", ".join(family_pair_ranks(names, run["annotations"], before, after)) or "none"),
             f"- mean affinity, same annotation family: {_fmt(same)} ({n_same} pairs); "
             f"different families: {_fmt(other)} ({n_other} pairs)",
             "- LA at the last round (main decoder: mean weight, local share; aux: mean): "
