@@ -59,6 +59,31 @@ def test_uniformity_is_lower_for_spread_embeddings():
     torch.testing.assert_close(uniformity_loss(z16), uniformity_loss(z16.float()))
 
 
+def test_uniformity_on_two_classes_pulls_class_clusters_apart_into_one_cloud():
+    """Two classes (the binary segmentation case, classes weighing the same): lowering the
+    uniformity term mixes the classes, i.e. removes the structure a classifier reads."""
+
+    def scatter_ratio(z: torch.Tensor, y: torch.Tensor) -> float:
+        means = torch.stack([z[y == c].mean(0) for c in (0, 1)])
+        within = sum(float((z[y == c] - means[c]).pow(2).sum(1).mean()) for c in (0, 1))
+        return float((means[0] - means[1]).pow(2).sum()) / within
+
+    gen = torch.Generator().manual_seed(4)
+    y = torch.cat([torch.zeros(96), torch.ones(32)]).long()
+    w = pixel_weights(y)
+    centres = 3 * torch.randn(2, 8, generator=gen)
+    z = (centres[y] + 0.3 * torch.randn(128, 8, generator=gen)).requires_grad_()
+    no_structure = torch.randn(128, 8, generator=gen)
+    assert uniformity_loss(no_structure, w) < uniformity_loss(z, w)
+    before = scatter_ratio(z.detach(), y)
+    opt = torch.optim.SGD([z], lr=100.0)  # the weights sum to 1: small gradients
+    for _ in range(50):
+        opt.zero_grad()
+        uniformity_loss(z, w).backward()
+        opt.step()
+    assert scatter_ratio(z.detach(), y) < before / 10
+
+
 def test_local_training_reports_both_regularisers_and_coefficients_scale_them():
     spec, sites = toy_federation(2, labels="full")
     cls = get_method("feduv")
