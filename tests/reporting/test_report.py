@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import re
+import shutil
 import statistics
 from pathlib import Path
 
@@ -60,6 +61,32 @@ def test_rows_named_by_distinguishing_settings_without_warning(runs: dict[str, P
         _md_row(text, "prox (method.mu=0.5)")[2]
         == f"{100 * _dsc(runs['mu_large'], 'A', 'polyp'):.2f}"
     )
+
+
+def test_rows_of_different_methods_name_the_method_not_its_defaults(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    renamed = []
+    for key in ("mu_small", "mu_large"):  # FedProx runs under FedAvg's config name
+        copy = tmp_path / key
+        shutil.copytree(runs[key], copy)
+        cfg = copy / "config.yaml"
+        cfg.write_text(re.sub(r"(?m)^name: .*$", "name: fedavg", cfg.read_text()))
+        renamed.append(copy)
+    fedavg = load_run(runs["seed0"])
+    one = build_report([fedavg, load_run(renamed[0])]).sections[0]
+    # mu is FedProx's own setting, not a difference between the two rows: the method is
+    assert [r.label for r in one.rows] == [
+        "fedavg (method.name=fedavg)",
+        "fedavg (method.name=fedprox)",
+    ]
+    assert [list(r.settings) for r in one.rows] == [["method.name"], ["method.name"]]
+    both = build_report([fedavg, *(load_run(r) for r in renamed)]).sections[0]
+    assert [r.label for r in both.rows] == [
+        "fedavg (method.name=fedavg)",
+        "fedavg (method.mu=0.01, method.name=fedprox)",
+        "fedavg (method.mu=0.5, method.name=fedprox)",
+    ]
 
 
 def test_warns_about_other_differences_and_splits_tasks(runs: dict[str, Path]) -> None:

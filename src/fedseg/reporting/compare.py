@@ -5,7 +5,8 @@ different tasks are never put in one table. Within a section, runs whose configs
 only in ``seed`` (and engine settings that do not change the numbers) form one row whose
 cells are the mean, and the mean ± sample standard deviation when the row has several
 runs. A row is labelled by the config ``name`` plus the settings that tell it apart from
-the other rows; settings outside ``method`` that differ between rows are reported as a
+the other rows (where methods differ: the method, and of its own settings only those that
+differ between its rows); settings outside ``method`` that differ between rows are reported as a
 warning (the numbers are then not a fair comparison).
 """
 
@@ -186,9 +187,10 @@ def _section(task: str, sites: list[str], regions: list[str], runs: list[Run]) -
     differing = _differing(list(configs.values()))
     for row in rows.values():
         cfg = configs[row.key]
-        row.settings = {k: cfg[k] for k in differing if k != "name" and k in cfg}
+        peers = list(configs.values())
+        row.settings = {k: cfg[k] for k in _distinguishing(cfg, peers) if k != "name"}
         twins = [configs[r.key] for r in rows.values() if r.name == row.name]
-        own = {k: cfg[k] for k in _differing(twins) if k in cfg}  # vs rows of the same name
+        own = {k: cfg[k] for k in _distinguishing(cfg, twins)}  # vs rows of the same name
         shown = ", ".join(f"{k}={show_value(v)}" for k, v in own.items())
         row.label = f"{row.name} ({shown})" if shown else row.name
     warnings = []
@@ -202,6 +204,17 @@ def _section(task: str, sites: list[str], regions: list[str], runs: list[Run]) -
         values = "; ".join(f"{v} in {', '.join(labels)}" for v, labels in by_value.items())
         warnings.append(f"{task}: rows differ in {k} ({values}), not only in the method")
     return Section(task, sites, regions, list(rows.values()), warnings)
+
+
+def _distinguishing(cfg: dict[str, Any], peers: list[dict[str, Any]]) -> list[str]:
+    """The keys of ``cfg`` that tell it apart from ``peers``. Where the peers' methods differ,
+    ``method.name`` says so, and of the other method settings only those that differ between
+    peers of the same method are listed (each method's own defaults are not a difference)."""
+    keys = [k for k in _differing(peers) if k in cfg]
+    if "method.name" not in keys:
+        return keys
+    same = _differing([p for p in peers if p.get("method.name") == cfg.get("method.name")])
+    return [k for k in keys if not k.startswith("method.") or k == "method.name" or k in same]
 
 
 def _differing(configs: list[dict[str, Any]]) -> list[str]:
