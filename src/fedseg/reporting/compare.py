@@ -184,10 +184,10 @@ def _section(task: str, sites: list[str], regions: list[str], runs: list[Run]) -
         configs[key] = cfg
         row = rows.setdefault(key, Row(str(cfg.get("name", run.name)), key, []))
         row.runs.append(run)
-    differing = _differing(list(configs.values()))
+    peers = list(configs.values())
+    differing = _differing(peers)
     for row in rows.values():
         cfg = configs[row.key]
-        peers = list(configs.values())
         row.settings = {k: cfg[k] for k in _distinguishing(cfg, peers) if k != "name"}
         twins = [configs[r.key] for r in rows.values() if r.name == row.name]
         own = {k: cfg[k] for k in _distinguishing(cfg, twins)}  # vs rows of the same name
