@@ -322,6 +322,7 @@ def test_identical_configs_end_to_end_and_the_evidence_folder(tmp_path, toy_pape
     assert "| b-beats-a | B beats A | not run |" in index
     assert "| toyfed | toy | train.rounds=2 | converged |" in index  # the budgets table
     assert "Archived evidence" not in index
+    assert "readings.md" not in index  # no hand-written readings in this folder
     archived = tmp_path / "evidence" / "archive" / "old-federation"
     archived.mkdir(parents=True)
     (archived / "README.md").write_text("# Toy pages on the old federation\n\nwhy\n")
@@ -329,6 +330,9 @@ def test_identical_configs_end_to_end_and_the_evidence_folder(tmp_path, toy_pape
     index = write_index(tmp_path / "evidence").read_text()
     assert "| Toy paper | 2 | 0 | 0 | 1 | 0 | 1 |" in index
     assert "- [Toy pages on the old federation](archive/old-federation/README.md)" in index
+    (tmp_path / "evidence" / "readings.md").write_text("# What the verdicts say\n")
+    index = write_index(tmp_path / "evidence").read_text()
+    assert "[readings.md](readings.md)" in index.split("| paper | claims |")[0]
     # a committed finished run counts as done on another machine: nothing is retrained
     shutil.rmtree(tmp_path / "out")
     rep2 = reproduce("toy", "t", "evidence", tmp_path / "out", evidence=evidence)

@@ -329,8 +329,12 @@ claims were written down before any run was read against them: [claims.md](claim
 """
 
 
+READINGS = "readings.md"
+
+
 def write_index(root: Path) -> Path:
-    """``root/README.md``: per paper, the count of its claims by verdict, then each table:
+    """``root/README.md``: a link to the hand-written ``readings.md`` where it exists; per
+    paper, the count of its claims by verdict, then each table:
     its page (budget, rows run, seeds, each claim's verdict) or, before it has run, its
     claims as ``not run``. Pages of tables not in a paper file follow."""
     from fedseg.reproduce.papers import list_papers, load_paper
@@ -363,7 +367,11 @@ def write_index(root: Path) -> Path:
         for folder, s in pages.values():
             body += _page_lines(folder, s, s["title"])
     verdicts = ("holds", "contradicted", "unresolved", "refused", "not run")
-    lines = [INDEX_HEAD, "| paper | claims | " + " | ".join(verdicts) + " |"]
+    lines = [INDEX_HEAD]
+    if (root / READINGS).is_file():
+        link = f"[{READINGS}]({READINGS})"
+        lines += [f"What the verdicts say, paper by paper, and where each is checked: {link}.", ""]
+    lines.append("| paper | claims | " + " | ".join(verdicts) + " |")
     lines.append("|---|---|" + "---|" * len(verdicts))
     for title, tally in counts.items():
         cells = " | ".join(str(tally.get(v, 0)) for v in verdicts)
