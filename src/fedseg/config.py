@@ -57,6 +57,10 @@ class SynthSettings(_Strict):
     """How far each site's appearance lies from the mean site: 1 the task's styles as
     designed, 0 identical sites, in between each style number moved linearly towards its
     mean over the task's sites (docs/data.md, "Site shift")."""
+    seed: int = 0
+    """Seed of the federation's images, splits and weak labels; apart from the run's
+    ``seed``, so every run of a config, whatever its seed, trains and tests on the same
+    images (docs/data.md, "Synthetic federations in a run config")."""
 
 
 class DataSettings(_Strict):

@@ -131,6 +131,10 @@ class Manifest(_Frozen):
     """Synthetic federations: how far the sites' appearance lies from the mean site
     (``data.synth.style_shift``; 1 the task's styles); ``None`` for imported data and for
     synthetic folders written before the setting existed (made at 1)."""
+    synth_seed: int | None = None
+    """Synthetic federations: the seed the images and splits were drawn with
+    (``data.synth.seed``); ``None`` for imported data and for synthetic folders written
+    before it was recorded (drawn with the seed of whichever run built them)."""
     sites: list[SiteInfo] = Field(min_length=1)
     weak_labels: WeakLabelRecord | None = None
 

@@ -76,6 +76,7 @@ class FederationWriter:
         regions: dict[str, list[int]] | None = None,
         source: str = "",
         style_shift: float | None = None,
+        synth_seed: int | None = None,
         overwrite: bool = False,
     ) -> None:
         self.root = Path(root)
@@ -91,6 +92,7 @@ class FederationWriter:
             "regions": regions or {},
             "source": source,
             "style_shift": style_shift,
+            "synth_seed": synth_seed,
         }
         self.counts: dict[str, dict[str, int]] = {}
         self.task = validate_manifest(

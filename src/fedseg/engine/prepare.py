@@ -38,13 +38,13 @@ def prepare_data(cfg: RunConfig) -> Path:
             sites=syn.sites,
             size=syn.size,
             per_site=syn.per_site,
-            seed=cfg.seed,
+            seed=syn.seed,
             site_weights=syn.site_weights,
             names=syn.names,
             style_shift=syn.style_shift,
         )
         if syn.weak_labels:
-            generate_weak_labels(root, seed=cfg.seed)
+            generate_weak_labels(root, seed=syn.seed)
     elif cfg.data.synth is not None:
         _check_matches_synth(cfg)
     require_valid(root, cfg.train.batch_size, labels=cfg.data.labels)
@@ -76,4 +76,27 @@ def _check_matches_synth(cfg: RunConfig) -> None:
         raise ConfigError(
             f"data.root {root} was synthesized with style_shift {shift:g}, but "
             f"data.synth.style_shift is {syn.style_shift:g}; point data.root elsewhere"
+        )
+    if m.synth_seed is None:
+        raise ConfigError(
+            f"data.root {root} was synthesized before fedseg recorded the synthesis seed: its "
+            "images were drawn with the seed of whichever run built the folder, so runs of "
+            "other seeds may have used other images; remove the folder to re-synthesize it "
+            f"with data.synth.seed {syn.seed}"
+        )
+    if m.synth_seed != syn.seed:
+        raise ConfigError(
+            f"data.root {root} was synthesized with seed {m.synth_seed}, but data.synth.seed "
+            f"is {syn.seed}; point data.root elsewhere or remove the folder"
+        )
+    weak = m.weak_labels
+    if (
+        syn.weak_labels
+        and weak is not None
+        and weak.origin == "synthesized"
+        and weak.seed != syn.seed
+    ):
+        raise ConfigError(
+            f"data.root {root} holds weak labels drawn with seed {weak.seed}, but "
+            f"data.synth.seed is {syn.seed}; remove the folder to re-synthesize it"
         )

@@ -229,7 +229,7 @@ def synthesize(
         sites: number of sites (default: the task's, i.e. the paper's, site count).
         size: image side in pixels.
         per_site: mean number of images per site (default 40); sizes are imbalanced.
-        seed: everything is a deterministic function of the seed.
+        seed: everything is a deterministic function of the seed (recorded in the manifest).
         split: train/val/test fractions.
         overwrite: replace an existing federation in ``out``.
         progress: called as ``progress(done_sites, total_sites)``.
@@ -268,6 +268,7 @@ def synthesize(
         regions=spec.regions,
         source=spec.source,
         style_shift=style_shift,
+        synth_seed=seed,
         overwrite=overwrite,
     ) as writer:
         for i, (name, n, plan) in enumerate(zip(site_names, counts, plans, strict=True)):

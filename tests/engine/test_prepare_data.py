@@ -1,0 +1,58 @@
+"""A run's synthetic federation depends on ``data.synth``, never on the run's own seed."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from fedseg.config import parse_config
+from fedseg.engine.prepare import prepare_data
+from fedseg.errors import ConfigError
+
+
+def _cfg(root: Path, run_seed: int, **synth: object):
+    raw = {
+        "name": "prep",
+        "seed": run_seed,
+        "data": {"root": str(root), "synth": {"task": "fundus", "sites": 2, "size": 32, **synth}},
+        "train": {"rounds": 1, "local_iters": 1, "batch_size": 2},
+    }
+    return parse_config(raw, "<test>")
+
+
+def _digest(root: Path) -> str:
+    h = hashlib.sha256()
+    for f in sorted((root / "sites").rglob("*")):
+        if f.is_file():
+            h.update(str(f.relative_to(root)).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def test_runs_of_other_seeds_build_the_same_federation(tmp_path):
+    first = prepare_data(_cfg(tmp_path / "a", run_seed=2))
+    second = prepare_data(_cfg(tmp_path / "b", run_seed=0))
+    assert _digest(first) == _digest(second)
+    manifest = json.loads((first / "manifest.json").read_text())
+    assert manifest["synth_seed"] == 0 and manifest["weak_labels"]["seed"] == 0
+    other = prepare_data(_cfg(tmp_path / "c", run_seed=0, seed=1))
+    assert _digest(other) != _digest(first)  # data.synth.seed draws another federation
+
+
+def test_a_folder_of_another_synthesis_seed_is_refused(tmp_path):
+    root = prepare_data(_cfg(tmp_path / "fed", run_seed=0))
+    prepare_data(_cfg(root, run_seed=1))  # another run seed: the same federation, accepted
+    with pytest.raises(ConfigError, match=r"synthesized with seed 0, but data\.synth\.seed is 1"):
+        prepare_data(_cfg(root, run_seed=0, seed=1))
+
+
+def test_a_folder_without_a_recorded_synthesis_seed_is_refused(tmp_path):
+    root = prepare_data(_cfg(tmp_path / "fed", run_seed=0))
+    manifest = json.loads((root / "manifest.json").read_text())
+    del manifest["synth_seed"]
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ConfigError, match="before fedseg recorded the synthesis seed"):
+        prepare_data(_cfg(root, run_seed=0))
