@@ -22,6 +22,7 @@ import csv
 import hashlib
 import json
 import tempfile
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import yaml
@@ -82,13 +83,54 @@ def audit(run: Path, seeds: list[int], tolerance: float, scratch: Path) -> dict[
     }
 
 
+def classify(gaps: str, tolerance: float, margin: float) -> str:
+    """``exact S`` where seed S's replay gave the recorded losses within ``tolerance``;
+    ``nearest S`` where no replay did but S's gap is ``margin`` times below every other
+    seed's (a bf16 run replayed on another CPU: its kernels round differently at about 1e-3);
+    ``undecided`` otherwise."""
+    by_seed = {int(s): float(g) for s, g in (item.split(":") for item in gaps.split())}
+    best = min(by_seed, key=by_seed.__getitem__)
+    if by_seed[best] < tolerance:
+        return f"exact {best}"
+    others = [g for s, g in by_seed.items() if s != best]
+    if others and min(others) > margin * by_seed[best]:
+        return f"nearest {best}"
+    return "undecided"
+
+
+def summary(path: Path, tolerance: float, margin: float) -> None:
+    """Print, per evidence table, how many audited runs each verdict of :func:`classify` got,
+    then every run not ``exact 0``."""
+    rows = list(csv.DictReader(path.open()))
+    tables: dict[str, Counter[str]] = defaultdict(Counter)
+    odd = []
+    for row in rows:
+        table, run = row["run"].split("/runs/")
+        verdict = classify(row["gaps"], tolerance, margin)
+        tables[Path(table).name][verdict] += 1
+        if verdict != "exact 0":
+            odd.append(f"| {Path(table).name} | {run} | {verdict} | {row['gaps']} |")
+    names = sorted({v for c in tables.values() for v in c})
+    print("| table | " + " | ".join(names) + " |")
+    print("|---|" + "---|" * len(names))
+    for table, counts in tables.items():
+        print(f"| {table} | " + " | ".join(str(counts[v]) for v in names) + " |")
+    print("\n| table | run | verdict | gap per synthesis seed |\n|---|---|---|---|")
+    print("\n".join(odd))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("folders", nargs="+", type=Path, help="evidence folders (with runs/)")
+    parser.add_argument("folders", nargs="*", type=Path, help="evidence folders (with runs/)")
     parser.add_argument("--seeds", default="0,1,2", help="candidate synthesis seeds, in order")
     parser.add_argument("--tolerance", type=float, default=1e-4)
     parser.add_argument("--csv", type=Path, help="append one line per run here")
+    parser.add_argument("--summary", type=Path, help="summarise this audit CSV and stop")
+    parser.add_argument("--margin", type=float, default=5.0, help="see classify()")
     args = parser.parse_args()
+    if args.summary:
+        summary(args.summary, args.tolerance, args.margin)
+        return
     seeds = [int(s) for s in args.seeds.split(",")]
     done: set[str] = set()
     if args.csv and args.csv.is_file():
