@@ -1,18 +1,18 @@
 """Which synthetic federation each kept evidence run trained and tested on.
 
     OMP_NUM_THREADS=1 python benchmarks/data_seed_audit.py docs/evidence/fedbcs-table1-prostate \
-        --csv docs/evidence/checks/data-seed-audit/fedbcs-table1-prostate.csv
+        --csv docs/evidence/checks/data-seed-audit/audit.csv
 
 Until 2026-11-29 a run that found its ``data.root`` missing synthesized it with the *run's*
 seed, so a table whose runs were spread over machines could mix federations drawn with
 different seeds (docs/data.md, "In a run config"). A kept run records its first round's
-training loss per site (``rounds.jsonl``), which depends on the images, the weak labels and
-the model's start; this script replays that round (one round, no evaluation beyond the run's
-own end) on the federation drawn with each candidate synthesis seed, starting with 0, and
-reports the seed whose replay gives the recorded losses. The same data and run seed give the
-same losses to about 1e-5 on another CPU (kernel rounding), another federation differs by
-1e-3 or more; ``--tolerance`` is the boundary. Runs copied from another table (``origin.txt``)
-are reported once, under their source.
+training loss per site (``rounds.jsonl``), which depends on the images, the weak labels and the
+model's start; this script replays that round (the run's own config, stopped after its first
+round, nothing evaluated) on the federation drawn with each candidate synthesis seed, starting
+with 0, and reports the seed whose replay gives the recorded losses. The same data and run seed
+give the same losses to about 1e-5 on another CPU (kernel rounding), another federation differs
+by 1e-3 or more; ``--tolerance`` is the boundary. Runs copied from another table
+(``origin.txt``) are reported once, under their source.
 """
 
 from __future__ import annotations
@@ -31,18 +31,22 @@ from fedseg.config import parse_config
 from fedseg.engine.runner import InProcessRunner
 
 
+def round_losses(record: dict) -> dict[str, float]:
+    """A ``rounds.jsonl`` record's training loss per site."""
+    return {site: float(v["loss"]) for site, v in record["clients"].items()}
+
+
 def first_losses(rounds: Path) -> dict[str, float]:
     """The first recorded round's training loss per site."""
     with rounds.open() as f:
-        record = json.loads(f.readline())
-    return {site: float(v["loss"]) for site, v in record["clients"].items()}
+        return round_losses(json.loads(f.readline()))
 
 
 class _FirstRound(Exception):
     """Stops a replay once its first round is recorded."""
 
     def __init__(self, record: dict) -> None:
-        self.losses = {site: float(v["loss"]) for site, v in record["clients"].items()}
+        self.losses = round_losses(record)
 
 
 def _stop(record: dict) -> None:
