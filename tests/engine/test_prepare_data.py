@@ -56,3 +56,12 @@ def test_a_folder_without_a_recorded_synthesis_seed_is_refused(tmp_path):
     (root / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ConfigError, match="before fedseg recorded the synthesis seed"):
         prepare_data(_cfg(root, run_seed=0))
+
+
+def test_weak_labels_of_another_seed_are_refused(tmp_path):
+    from fedseg.data.weak import generate_weak_labels
+
+    root = prepare_data(_cfg(tmp_path / "fed", run_seed=0))
+    generate_weak_labels(root, seed=3)  # redrawn by hand with another seed
+    with pytest.raises(ConfigError, match="weak labels drawn with seed 3"):
+        prepare_data(_cfg(root, run_seed=0))
