@@ -102,6 +102,25 @@ def classify(gaps: str, tolerance: float, margin: float) -> str:
     return "undecided"
 
 
+def _table_and_run(run: str) -> tuple[str, str]:
+    """An evidence table's name and the run's path in it; a check folder's run (no
+    ``runs/``) is named by the check folder, the first folder under ``checks/``."""
+    if "/runs/" in run:
+        table, rest = run.split("/runs/")
+        return Path(table).name, rest
+    parts = Path(run).parts
+    at = parts.index("checks") + 1 if "checks" in parts else len(parts) - 2
+    return parts[at], "/".join(parts[at + 1 :]) or parts[at]
+
+
+def find_runs(folder: Path) -> list[Path]:
+    """Every run under ``folder`` (a directory with ``config.yaml`` and ``rounds.jsonl``), or
+    ``folder`` itself when it is one: evidence tables keep theirs in ``runs/<row>/seed<k>``,
+    check folders in any layout."""
+    found = {p.parent for p in folder.rglob("rounds.jsonl") if (p.parent / "config.yaml").is_file()}
+    return sorted(found)
+
+
 def summary(path: Path, tolerance: float, margin: float) -> None:
     """Print, per evidence table, how many audited runs each verdict of :func:`classify` got,
     then every run not ``exact 0``."""
@@ -109,11 +128,11 @@ def summary(path: Path, tolerance: float, margin: float) -> None:
     tables: dict[str, Counter[str]] = defaultdict(Counter)
     odd = []
     for row in rows:
-        table, run = row["run"].split("/runs/")
+        table, run = _table_and_run(row["run"])
         verdict = classify(row["gaps"], tolerance, margin)
-        tables[Path(table).name][verdict] += 1
+        tables[table][verdict] += 1
         if verdict != "exact 0":
-            odd.append(f"| {Path(table).name} | {run} | {verdict} | {row['gaps']} |")
+            odd.append(f"| {table} | {run} | {verdict} | {row['gaps']} |")
     names = sorted({v for c in tables.values() for v in c})
     print("| table | " + " | ".join(names) + " |")
     print("|---|" + "---|" * len(names))
@@ -125,7 +144,9 @@ def summary(path: Path, tolerance: float, margin: float) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("folders", nargs="*", type=Path, help="evidence folders (with runs/)")
+    parser.add_argument(
+        "folders", nargs="*", type=Path, help="evidence tables, check folders or runs"
+    )
     parser.add_argument("--seeds", default="0,1,2", help="candidate synthesis seeds, in order")
     parser.add_argument("--tolerance", type=float, default=1e-4)
     parser.add_argument("--csv", type=Path, help="append one line per run here")
@@ -141,7 +162,7 @@ def main() -> None:
         done = {r["run"] for r in csv.DictReader(args.csv.open())}
     with tempfile.TemporaryDirectory() as tmp:
         for folder in args.folders:
-            for run in sorted(folder.glob("runs/*/seed*")):
+            for run in find_runs(folder):
                 if (run / "origin.txt").is_file() or str(run) in done:
                     continue
                 row = audit(run, seeds, args.tolerance, Path(tmp))

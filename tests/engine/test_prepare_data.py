@@ -65,3 +65,26 @@ def test_weak_labels_of_another_seed_are_refused(tmp_path):
     generate_weak_labels(root, seed=3)  # redrawn by hand with another seed
     with pytest.raises(ConfigError, match="weak labels drawn with seed 3"):
         prepare_data(_cfg(root, run_seed=0))
+
+
+def test_a_kept_local_run_that_predates_the_synthesis_seed_is_trained_afresh(tmp_path):
+    """``fedseg reproduce`` reuses a finished run in its output folder; one made before runs
+    recorded ``data.synth.seed`` may have seen another federation, so it is run again."""
+    import yaml
+
+    from fedseg.reproduce.runs import predates_synth_seed, run_config
+
+    raw = _cfg(tmp_path / "fed", run_seed=1).model_dump(mode="json")
+    run = tmp_path / "run"
+    run_config(raw, run)
+    results = run / "results.json"
+    results.write_text(results.read_text().replace('"seed": 1', '"seed": 1, "marker": 1', 1))
+    run_config(raw, run)  # a run of today's config is reused
+    assert '"marker"' in results.read_text()
+    stored = yaml.safe_load((run / "config.yaml").read_text())
+    del stored["data"]["synth"]["seed"]
+    (run / "config.yaml").write_text(yaml.safe_dump(stored))
+    assert predates_synth_seed(run, parse_config(raw, "<test>"))
+    run_config(raw, run)
+    assert '"marker"' not in results.read_text()  # trained again
+    assert not predates_synth_seed(run, parse_config(raw, "<test>"))

@@ -29,6 +29,7 @@ __all__ = [
     "finished_run",
     "interrupted_run",
     "keep_run",
+    "predates_synth_seed",
     "run_config",
     "run_jobs",
     "stored_config",
@@ -119,18 +120,35 @@ def interrupted_run(run_dir: Path, cfg: RunConfig) -> bool:
     return used["native_bf16"] is None or _same_bf16_hardware(used, cfg)
 
 
+def predates_synth_seed(run_dir: Path, cfg: RunConfig) -> bool:
+    """Whether ``run_dir`` holds a run of synthesized data started before runs recorded
+    ``data.synth.seed`` (2026-11-29). Such a run drew a missing federation with its own
+    seed, or used whichever one an earlier run had drawn, so which images it saw is not
+    known from its files (docs/data.md, "In a run config")."""
+    rd = RunDir(run_dir)
+    if cfg.data.synth is None or not rd.config.is_file():
+        return False
+    try:
+        synth = (rd.stored_config().get("data") or {}).get("synth")
+    except ConfigError:
+        return False
+    return isinstance(synth, dict) and "seed" not in synth
+
+
 def run_config(raw: dict[str, Any], run_dir: Path, source: str = "<config>") -> dict[str, Any]:
     """Run ``raw`` in-process into ``run_dir`` (results.md and figures included) and return
     its results; a finished run there with the same config is reused, an interrupted one
     (a session that ended mid-run) continues from its last checkpoint, which gives the
-    numbers an uninterrupted run gives."""
+    numbers an uninterrupted run gives. A run there that :func:`predates_synth_seed` is
+    neither reused nor continued: it is trained afresh."""
     from fedseg.engine.runner import InProcessRunner
     from fedseg.outputs import write_run_outputs
 
     cfg = parse_config(raw, source)
-    if finished_run(run_dir, cfg):
+    unplaced = predates_synth_seed(run_dir, cfg)
+    if not unplaced and finished_run(run_dir, cfg):
         return json.loads((run_dir / "results.json").read_text())
-    resume = interrupted_run(run_dir, cfg)
+    resume = not unplaced and interrupted_run(run_dir, cfg)
     if not resume:
         RunDir(run_dir).prepare_new(overwrite=True)
     results = InProcessRunner(cfg, run_dir).run(resume=resume)
