@@ -319,10 +319,17 @@ def from_run_dump(raw: dict[str, Any]) -> dict[str, Any]:
     written today reads. Dumps written before 2026-11-25 also hold the inactive
     ``train.local_iters`` beside ``train.local_epochs``, which a config written by hand may
     not; those before 2026-11-28 hold only the method settings given (today's defaults are
-    filled in; an invalid block is left as it is)."""
+    filled in; an invalid block is left as it is); those before 2026-11-29 have no
+    ``data.synth.seed`` (its default is filled in; which federation such a run used is what
+    ``benchmarks/data_seed_audit.py`` establishes)."""
     train = raw.get("train")
     if isinstance(train, dict) and train.get("local_epochs") is not None:
         raw = {**raw, "train": {k: v for k, v in train.items() if k != "local_iters"}}
+    data = raw.get("data")
+    synth = data.get("synth") if isinstance(data, dict) else None
+    if isinstance(synth, dict) and "seed" not in synth:
+        seed = SynthSettings.model_fields["seed"].default
+        raw = {**raw, "data": {**data, "synth": {**synth, "seed": seed}}}
     try:
         return {**raw, "method": resolved_method(raw["method"])}
     except (KeyError, TypeError, ValueError):

@@ -89,6 +89,25 @@ def test_rows_of_different_methods_name_the_method_not_its_defaults(
     ]
 
 
+def test_a_setting_recorded_since_reads_as_its_default_in_older_runs(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """Runs made before ``data.synth.seed`` was recorded pool with today's runs of seed 0."""
+    import yaml
+
+    dirs = []
+    for key, synth in (("seed0", {"task": "polyp", "seed": 0}), ("seed1", {"task": "polyp"})):
+        copy = tmp_path / key
+        shutil.copytree(runs[key], copy)
+        raw = yaml.safe_load((copy / "config.yaml").read_text())
+        raw["data"]["synth"] = synth
+        (copy / "config.yaml").write_text(yaml.safe_dump(raw))
+        dirs.append(copy)
+    (section,) = build_report([load_run(d) for d in dirs]).sections
+    assert [r.label for r in section.rows] == ["fedavg"]
+    assert len(section.rows[0].runs) == 2 and not section.warnings
+
+
 def test_warns_about_other_differences_and_splits_tasks(runs: dict[str, Path]) -> None:
     res = cli.invoke(app, ["report", *(str(runs[k]) for k in ("seed0", "longer", "other_task"))])
     assert res.exit_code == 0, res.output

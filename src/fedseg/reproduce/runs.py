@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from fedseg.config import RunConfig, parse_config
 from fedseg.engine.device import resolve_device
 from fedseg.engine.rundir import RunDir
@@ -128,10 +130,11 @@ def predates_synth_seed(run_dir: Path, cfg: RunConfig) -> bool:
     rd = RunDir(run_dir)
     if cfg.data.synth is None or not rd.config.is_file():
         return False
-    try:
-        synth = (rd.stored_config().get("data") or {}).get("synth")
-    except ConfigError:
+    try:  # the file as written: reading it as a config fills in the default
+        raw = yaml.safe_load(rd.config.read_text()) or {}
+    except (OSError, yaml.YAMLError):
         return False
+    synth = (raw.get("data") or {}).get("synth") if isinstance(raw, dict) else None
     return isinstance(synth, dict) and "seed" not in synth
 
 
