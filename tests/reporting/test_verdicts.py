@@ -333,6 +333,11 @@ def test_identical_configs_end_to_end_and_the_evidence_folder(tmp_path, toy_pape
     (tmp_path / "evidence" / "readings.md").write_text("# What the verdicts say\n")
     index = write_index(tmp_path / "evidence").read_text()
     assert "[readings.md](readings.md)" in index.split("| paper | claims |")[0]
+    hand = tmp_path / "checks"  # a folder whose README.md is written by hand
+    shutil.copytree(evidence, hand / "toy-t")
+    (hand / "README.md").write_text("# Checks of the readings\n")
+    assert write_index(hand) is None
+    assert (hand / "README.md").read_text() == "# Checks of the readings\n"
     # a committed finished run counts as done on another machine: nothing is retrained
     shutil.rmtree(tmp_path / "out")
     rep2 = reproduce("toy", "t", "evidence", tmp_path / "out", evidence=evidence)

@@ -332,12 +332,18 @@ claims were written down before any run was read against them: [claims.md](claim
 READINGS = "readings.md"
 
 
-def write_index(root: Path) -> Path:
+def write_index(root: Path) -> Path | None:
     """``root/README.md``: a link to the hand-written ``readings.md`` where it exists; per
     paper, the count of its claims by verdict, then each table:
     its page (budget, rows run, seeds, each claim's verdict) or, before it has run, its
-    claims as ``not run``. Pages of tables not in a paper file follow."""
+    claims as ``not run``. Pages of tables not in a paper file follow. A ``README.md`` there
+    that is not such an index (a hand-written page, e.g. of docs/evidence/checks/, where
+    ``--evidence`` may keep a check's page) is left as it is, and None returned."""
     from fedseg.reproduce.papers import list_papers, load_paper
+
+    index = root / "README.md"
+    if index.is_file() and not index.read_text().startswith(INDEX_HEAD.splitlines()[0]):
+        return None
 
     pages = {}
     for summary in sorted(root.glob("*/summary.json")):
@@ -379,7 +385,6 @@ def write_index(root: Path) -> Path:
     lines += ["", *body]
     lines += _budget_lines(root)
     lines += _archive_lines(root)
-    index = root / "README.md"
     index.write_text("\n".join(lines))
     return index
 
