@@ -87,7 +87,7 @@ class PaperTable:
     name: str
     title: str
     source: str
-    """Where the published numbers are (file:lines under the project's shared/papers)."""
+    """Where the published numbers are: authors, venue, section and table of the paper."""
     columns: tuple[str, ...]
     rows: tuple[PaperRow, ...]
     federation: str | None = None
