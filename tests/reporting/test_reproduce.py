@@ -44,7 +44,7 @@ def test_reproduce_two_rows_smoke_beside_published(tmp_path):
     assert "**not run** (no runs of TDF + PD)" in table  # and their claims say so
     # the paper's FAZ numbers sit beside ours (Table VII: 84.05 / 14.18 and 90.61 / 7.14)
     assert "84.05 | 14.18" in table and "90.61 | 7.14" in table
-    assert "fedlppa.md:331" in table and "Budget `smoke`" in table
+    assert "Lin et al., IEEE TMI 2024, Sec. IV-D1, Table VII" in table and "Budget `smoke`" in table
     assert all(item in table for item in TINY)  # the --set items are stated with the budget
     for label in ("baseline-fedavg", "tdf"):
         run_dir = out / label / "seed0"
