@@ -137,6 +137,10 @@ class Manifest(_Frozen):
     before it was recorded (drawn with the seed of whichever run built them)."""
     sites: list[SiteInfo] = Field(min_length=1)
     weak_labels: WeakLabelRecord | None = None
+    series: dict[str, list[str]] = Field(default_factory=dict)
+    """DICOM imports: per site, the SHA-256 (hex) of every imported SeriesInstanceUID (sample
+    ids begin with its first 12 digits), so a site finds its source series while the UIDs
+    themselves stay there; empty otherwise."""
 
     @model_validator(mode="before")
     @classmethod

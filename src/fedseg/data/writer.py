@@ -186,11 +186,16 @@ class FederationWriter:
             raise DataError(f"{where}: {'; '.join(problems)}")
 
     def finish(
-        self, annotations: dict[str, Annotation], *, weak_origin: str | None = None
+        self,
+        annotations: dict[str, Annotation],
+        *,
+        weak_origin: str | None = None,
+        series: dict[str, list[str]] | None = None,
     ) -> Manifest:
         """Write ``manifest.json`` for the sites in ``annotations`` (in that order).
 
-        ``weak_origin`` records that weak labels were written (e.g. ``imported:h5``).
+        ``weak_origin`` records that weak labels were written (e.g. ``imported:h5``);
+        ``series`` the hashed DICOM series UIDs per site.
         """
         unknown = sorted(set(self.counts) - set(annotations))
         if unknown:
@@ -207,7 +212,7 @@ class FederationWriter:
         weak = None
         if weak_origin is not None:
             weak = WeakLabelRecord(origin=weak_origin, annotations=dict(annotations))
-        raw = {**self.meta, "sites": sites, "weak_labels": weak}
+        raw = {**self.meta, "sites": sites, "weak_labels": weak, "series": series or {}}
         manifest = validate_manifest(raw, str(self.root / MANIFEST))
         write_manifest(self.staging, manifest)
         self._commit()
