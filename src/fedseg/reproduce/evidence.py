@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from fedseg.reporting.stats import ALPHA, Comparison, format_p
+from fedseg.reproduce.papers import PaperTable
+from fedseg.reproduce.protocol import NOT_TESTABLE, Changed
 from fedseg.reproduce.rows import Reproduction
 
 __all__ = ["render_claims_csv", "render_csv", "render_markdown", "write_index", "write_table"]
@@ -53,11 +55,12 @@ def paper_values(rep: Reproduction, label: str, metric: str) -> str:
     return "/".join(f"{v:g}" for v in values) or "—"
 
 
-def _diff(c: Comparison) -> str:
+def _diff(c: Comparison) -> tuple[str, str]:
+    """A comparison's median difference and its 95 % interval (or why it was refused)."""
     s = c.stats
     if c.refused or s is None:
-        return f"refused: {c.refused}"
-    return f"{_num(s.median)} [{_num(s.low)}, {_num(s.high)}]"
+        return f"refused: {c.refused}", "—"
+    return _num(s.median), _interval(s.low, s.high)
 
 
 def _machine_name(res: dict[str, Any]) -> str:
@@ -76,10 +79,153 @@ def _machines_line(rep: Reproduction) -> str:
     return f"Runs per machine (times compare only within one): {where}."
 
 
+DISTANCES = ("hd95", "hd", "assd")
+FINDINGS = ("holds", "contradicted", "unresolved")
+"""Verdicts that read as findings; at a budget other than ``evidence`` or ``paper`` the page
+shows "<budget>: not evidence" instead (a smoke run proves only that the rows run)."""
+
+
+def metric_label(rep: Reproduction, metric: str) -> str:
+    """A metric's column label with its unit (``%`` for overlaps, the paper's
+    ``distance_unit`` for distances)."""
+    unit = rep.paper.distance_unit if metric in DISTANCES else "%"
+    return f"{_LABELS.get(metric, metric)} ({unit})"
+
+
+def _interval(low: float | None, high: float | None) -> str:
+    return "—" if low is None or high is None else f"[{_num(low)}, {_num(high)}]"
+
+
+def _changed_lines(rep: Reproduction) -> list[str]:
+    c = rep.table.changed
+    if c is None:
+        return []
+    return [
+        f"> **Config changed on {c.date}, rows pending rerun.** {c.what} The runs, numbers and "
+        "verdicts below are those of the old config: not current.",
+        "",
+    ]
+
+
+def _rows_lines(rep: Reproduction) -> list[str]:
+    """Ours: per metric the mean ± sd over seeds and, in its own column, the 95 % interval
+    of the mean; then the published values of the task our rows run."""
+    t, a, metrics = rep.table, rep.analysis, rep.paper.metrics
+    head = ["row", "seeds"]
+    for m in metrics:
+        head += [metric_label(rep, m), "95 % CI"]
+    head += ["wall s", "CPU s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for rr in rep.rows:
+        label = rr.row.label
+        cells = [label, str(len(rr.results))]
+        for m in metrics:
+            s = a.summaries[(label, m)] if a else None
+            if s is None:
+                cells += ["n/a", "—"]
+            elif s.sd is None:
+                cells += [_num(s.mean), "—"]
+            else:
+                cells += [f"{_num(s.mean)} ± {_num(s.sd)}", _interval(s.low, s.high)]
+        cells += [f"{rr.seconds:.0f}", f"{rr.cpu_seconds:.0f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    published = [r for r in t.rows if r.published]
+    if published:
+        head = ["row"] + [f"paper {_LABELS.get(m, m)}" for m in metrics]
+        lines += [
+            "",
+            f"Published ({t.source}; the columns of the task our rows run, several joined by /):",
+            "",
+            "| " + " | ".join(head) + " |",
+            "|" + "---|" * len(head),
+        ]
+        for r in published:
+            values = [paper_values(rep, r.label, m) for m in metrics]
+            lines.append("| " + " | ".join([r.label, *values]) + " |")
+    return lines
+
+
+def _protocol_lines(rep: Reproduction) -> list[str]:
+    """The protocol sheet: the paper's setting beside the runs', each difference marked."""
+    t = rep.table
+    if not t.protocol:
+        return []
+    cpu_h = sum(rr.cpu_seconds for rr in rep.rows) / 3600
+    lines = [
+        "",
+        "### Protocol: the paper's training beside ours",
+        "",
+        "**forced**: the evidence size or budget needs it (cost: the CPU hours this table's "
+        f"runs would take with the paper's setting, from their measured {cpu_h:.1f} CPU h); "
+        "**unforced**: removed from the config, rows pending rerun; **not stated**: the paper "
+        "does not say. Recorded: what the kept runs' configs hold.",
+        "",
+        "| aspect | paper | ours | recorded | status |",
+        "|---|---|---|---|---|",
+    ]
+    for item in t.protocol:
+        status = f"**{item.status}**" if item.status in ("forced", "unforced") else item.status
+        if item.cost is not None:
+            status += f": about {item.cost.factor * cpu_h:,.0f} CPU h ({item.cost.basis})"
+        if item.why:
+            status += f"; {item.why}"
+        recorded = "; ".join(f"`{k}` {_recorded(rep, k)}" for k in item.keys) or "—"
+        lines.append(f"| {item.aspect} | {item.paper} | {item.ours} | {recorded} | {status} |")
+    return lines
+
+
+def _recorded(rep: Reproduction, key: str) -> str:
+    """The values of config ``key`` over the table's kept runs (several joined by /)."""
+    values = []
+    for rr in rep.rows:
+        for cfg in rr.configs:
+            node: Any = cfg
+            for part in key.split("."):
+                node = node.get(part) if isinstance(node, dict) else None
+            if str(node) not in values:
+                values.append(str(node))
+    return " / ".join(values) or "—"
+
+
+def _mechanism_lines(rep: Reproduction) -> list[str]:
+    t = rep.table
+    if not t.mechanisms:
+        return []
+    found = rep.measurements()
+    lines = [
+        "",
+        "### Mechanism checks at this size",
+        "",
+        "Measured on the kept runs (`rounds.jsonl`, configs); a row whose mechanism is inert "
+        "gets no verdict (*not testable at this size*).",
+        "",
+        "| check | row | measured | inert below | reading |",
+        "|---|---|---|---|---|",
+    ]
+    for m in t.mechanisms:
+        for label in m.rows:
+            got = found[m.id].get(label)
+            if got is None:
+                lines.append(f"| {m.what} | {label} | not run | — | — |")
+                continue
+            bound = "—" if m.inert_below is None else f"{m.inert_below:g}"
+            reading = (
+                "measured only"
+                if m.inert_below is None
+                else "**inert**"
+                if got.value < m.inert_below
+                else "acts"
+            )
+            lines.append(f"| {m.what} | {label} | {got.text} | {bound} | {reading} |")
+        if m.needs:
+            lines += ["", f"{m.what}: {m.needs}", ""]
+    return lines
+
+
 def render_markdown(rep: Reproduction) -> str:
-    """The page: rows over seeds beside the paper, rows against the references, claims."""
+    """The page: rows over seeds beside the paper, the strip plot, the protocol sheet, the
+    mechanism checks, the claims and every row against the references."""
     t, a = rep.table, rep.analysis
-    metrics = rep.paper.metrics
     budget = ", ".join(f"{k}={v}" for k, v in rep.overrides.items()) or "shipped configs"
     measured = rep.paper.evidence_budgets.get(t.federation or "")
     if rep.budget == "evidence" and measured is not None and measured.status == "capped":
@@ -88,37 +234,18 @@ def render_markdown(rep: Reproduction) -> str:
             "before every control row converged (docs/reproduce.md#the-evidence-budget)"
         )
     seeds = sorted({len(r.results) for r in rep.rows})
-    head = (
-        ["row", "seeds"]
-        + [f"ours {_LABELS.get(m, m)}" for m in metrics]
-        + [f"paper {c}" for c in t.columns]
-        + ["wall s", "CPU s"]
-    )
     lines = [
         f"## {rep.paper.title}: {t.title}",
         "",
-        f"Budget `{rep.budget}` ({budget}); seeds per row: {', '.join(map(str, seeds))}; "
-        f"published numbers: {t.source}. Ours: synthetic federations, so the ordering of rows "
-        "and the gaps between them are what compares with the paper. A cell is the mean over "
-        "seeds of the average over sites and regions, ± the sample sd over seeds and the 95 % "
-        "interval of the mean (overlaps in %, distances as the paper's unit).",
+        *_changed_lines(rep),
+        f"Budget `{rep.budget}` ({budget}); seeds per row: {', '.join(map(str, seeds))}. "
+        "Ours: synthetic federations, so the ordering of rows and the gaps between them are "
+        "what compares with the paper. A cell is the mean over seeds of the average over sites "
+        "and regions ± the sample sd over seeds; beside it the 95 % interval of the mean "
+        f"(overlaps in %, distances in {rep.paper.distance_unit}).",
         "",
-        "| " + " | ".join(head) + " |",
-        "|" + "---|" * len(head),
+        *_rows_lines(rep),
     ]
-    for rr in rep.rows:
-        label = rr.row.label
-        cells = [label, str(len(rr.results))]
-        for m in metrics:
-            s = a.summaries[(label, m)] if a else None
-            if s is None or s.sd is None:
-                cells.append(_num(s.mean) if s else "n/a")
-            else:
-                cells.append(f"{_num(s.mean)} ± {_num(s.sd)} [{_num(s.low)}, {_num(s.high)}]")
-        published = rr.row.published or (None,) * len(t.columns)
-        cells += ["—" if v is None else f"{v:g}" for v in published]
-        cells += [f"{rr.seconds:.0f}", f"{rr.cpu_seconds:.0f}"]
-        lines.append("| " + " | ".join(cells) + " |")
     runs = sum(len(rr.results) for rr in rep.rows)
     wall, cpu = (sum(getattr(rr, k) for rr in rep.rows) / 3600 for k in ("seconds", "cpu_seconds"))
     lines += [
@@ -126,8 +253,12 @@ def render_markdown(rep: Reproduction) -> str:
         f"Time of the table, summed over its {runs} runs: {wall:.2f} h wall, {cpu:.2f} h CPU. "
         + _machines_line(rep),
     ]
+    if a is not None and a.cases:
+        lines += ["", "![Per-case values of every row, with each row's median](strip.png)"]
     if t.notes:
         lines += ["", "Notes:", ""] + [f"- {n}" for n in t.notes]
+    lines += _protocol_lines(rep)
+    lines += _mechanism_lines(rep)
     if a is None:
         return "\n".join(lines) + "\n"
     if a.claims:
@@ -140,9 +271,9 @@ def render_markdown(rep: Reproduction) -> str:
             "bootstrap 95 % interval of the median difference inside the margin "
             "(docs/reproduce.md#reading-a-verdict).",
             "",
-            "| claim | the paper says | source | metric | paper | ours: median difference "
-            "[95 % CI] | pairs | p (Holm) | verdict |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| claim | the paper says | source | metric | paper | pair | median difference "
+            "| 95 % CI | pairs | p (Holm) | verdict |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for v in a.claims:
             c = v.claim
@@ -150,14 +281,19 @@ def render_markdown(rep: Reproduction) -> str:
                 f"{x} {paper_values(rep, x, c.metric)} vs {y} {paper_values(rep, y, c.metric)}"
                 for x, y in c.pairs()
             )
-            diffs = "; ".join(f"{x.row} − {x.other}: {_diff(x)}" for x in v.comparisons) or "—"
-            pairs = ", ".join(str(x.stats.pairs) for x in v.comparisons if x.stats) or "—"
-            ps = ", ".join(format_p(x.p_holm) for x in v.comparisons if x.stats) or "—"
+            comps = v.comparisons
+            pair = "; ".join(f"{x.row} − {x.other}" for x in comps) or "—"
+            medians = "; ".join(_diff(x)[0] for x in comps) or "—"
+            cis = "; ".join(_diff(x)[1] for x in comps) or "—"
+            pairs = ", ".join(str(x.stats.pairs) for x in comps if x.stats) or "—"
+            ps = ", ".join(format_p(x.p_holm) for x in comps if x.stats) or "—"
             margin = f" (margin {c.within:g})" if c.within else ""
             verdict = f"**{v.verdict}**" + (f" ({v.reason})" if v.verdict != "holds" else "")
+            if rep.budget not in ("evidence", "paper") and v.verdict in FINDINGS:
+                verdict = f"{rep.budget}: not evidence"  # proves that the rows run, no more
             lines.append(
-                f"| {c.id} | {c.says}{margin} | {c.source} | {_LABELS.get(c.metric, c.metric)} "
-                f"| {paper} | {diffs} | {pairs} | {ps} | {verdict} |"
+                f"| {c.id} | {c.says}{margin} | {c.source} | {metric_label(rep, c.metric)} "
+                f"| {paper} | {pair} | {medians} | {cis} | {pairs} | {ps} | {verdict} |"
             )
     if a.references:
         lines += [
@@ -168,14 +304,15 @@ def render_markdown(rep: Reproduction) -> str:
             "interval; `better`/`worse` when Holm-adjusted p < "
             f"{ALPHA} in the metric's own direction.",
             "",
-            "| row | vs | metric | pairs | median difference [95 % CI] | p | p (Holm) | reading |",
-            "|---|---|---|---|---|---|---|---|",
+            "| row | vs | metric | pairs | median difference | 95 % CI | p | p (Holm) | reading |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for c in a.references:
             n = str(c.stats.pairs) if c.stats else "—"
             p = format_p(c.stats.p) if c.stats else "—"
+            median, ci = _diff(c)
             lines.append(
-                f"| {c.row} | {c.other} | {_LABELS.get(c.metric, c.metric)} | {n} | {_diff(c)} "
+                f"| {c.row} | {c.other} | {metric_label(rep, c.metric)} | {n} | {median} | {ci} "
                 f"| {p} | {format_p(c.p_holm)} | {c.better()} |"
             )
     return "\n".join(lines) + "\n"
@@ -288,7 +425,7 @@ def strip_plot(rep: Reproduction, path: Path) -> Path | None:
         return None
     labels = [r.row.label for r in rep.rows]
     panels = {
-        _LABELS.get(m, m): [list(a.cases[(label, m)].values()) for label in labels]
+        metric_label(rep, m): [list(a.cases[(label, m)].values()) for label in labels]
         for m in rep.paper.metrics
     }
     return strip_figure(labels, panels, f"{rep.paper.name} {rep.table.name}", path)
@@ -311,6 +448,7 @@ def write_table(rep: Reproduction, folder: Path, command: str | None) -> None:
         "overrides": {k: str(v) for k, v in rep.overrides.items()},
         "seeds": {r.row.label: len(r.results) for r in rep.rows},
         "rows": len(rep.table.rows),
+        "changed": rep.table.changed.date if rep.table.changed else None,
         "claims": [
             {"id": v.claim.id, "says": v.claim.says, "verdict": v.verdict, "reason": v.reason}
             for v in (rep.analysis.claims if rep.analysis else [])
@@ -349,7 +487,7 @@ def write_index(root: Path) -> Path | None:
     for summary in sorted(root.glob("*/summary.json")):
         s = json.loads(summary.read_text())
         pages[(s["paper"], s["table"])] = (summary.parent.name, s)
-    body, counts = [], {}
+    body, counts, overview = [], {}, []
     for name in list_papers():
         paper = load_paper(name)
         tally = counts.setdefault(paper.title, {})
@@ -360,19 +498,28 @@ def write_index(root: Path) -> Path | None:
                 claims = [{"id": c.id, "says": c.says, "verdict": "not run"} for c in t.claims]
                 body += [f"### {t.title}", "", "Not run at the evidence budget yet.", ""]
             else:
-                claims = s["claims"]
-                body += _page_lines(folder, s, t.title)
+                claims = [_current(c, t.changed) for c in s["claims"]]
+                body += _page_lines(folder, {**s, "claims": claims}, t.title)
             for c in claims:
                 tally[c["verdict"]] = tally.get(c["verdict"], 0) + 1
             if claims and s is None:
                 body += ["| claim | says | verdict |", "|---|---|---|"]
                 body += [f"| {c['id']} | {c['says']} | {c['verdict']} |" for c in claims]
                 body.append("")
+            overview.append(_overview_line(name, t, folder, claims))
     if pages:
         body += ["## Other evidence pages", ""]
         for folder, s in pages.values():
             body += _page_lines(folder, s, s["title"])
-    verdicts = ("holds", "contradicted", "unresolved", "refused", "not run")
+    verdicts = (
+        "holds",
+        "contradicted",
+        "unresolved",
+        "refused",
+        NOT_TESTABLE,
+        PENDING,
+        "not run",
+    )
     lines = [INDEX_HEAD]
     if (root / READINGS).is_file():
         link = f"[{READINGS}]({READINGS})"
@@ -382,11 +529,48 @@ def write_index(root: Path) -> Path | None:
     for title, tally in counts.items():
         cells = " | ".join(str(tally.get(v, 0)) for v in verdicts)
         lines.append(f"| {title} | {sum(tally.values())} | {cells} |")
-    lines += ["", *body]
+    lines += [
+        "",
+        "## What each table's verdicts are conditional on",
+        "",
+        "The forced deviations from the paper's protocol that remain (each table's protocol "
+        "sheet, on its page, gives the paper's setting and the cost of following it); "
+        f"*{PENDING}*: the table's config changed after its runs.",
+        "",
+        "| paper | table | verdicts | remaining forced deviations |",
+        "|---|---|---|---|",
+        *overview,
+        "",
+        *body,
+    ]
     lines += _budget_lines(root)
     lines += _archive_lines(root)
     index.write_text("\n".join(lines))
     return index
+
+
+PENDING = "pending rerun"
+"""The index's reading of a claim whose table's config changed after its runs."""
+
+
+def _current(claim: dict[str, Any], changed: Changed | None) -> dict[str, Any]:
+    """A page's claim as the index counts it: ``pending rerun`` (naming the old verdict)
+    where the table's config changed after the page was rendered."""
+    if changed is None:
+        return claim
+    was = claim["verdict"]
+    return {**claim, "verdict": PENDING, "reason": f"config changed on {changed.date}; was {was}"}
+
+
+def _overview_line(paper: str, t: PaperTable, folder: str | None, claims: list[dict]) -> str:
+    tally = Counter(c["verdict"] for c in claims)
+    verdicts = ", ".join(f"{n} {v}" for v, n in tally.items()) or "no claims"
+    name = f"[{t.name}]({folder}/table.md)" if folder else t.name
+    if not t.protocol:
+        forced = "no protocol sheet"
+    else:
+        forced = "; ".join(f"{i.aspect}: {i.ours}" for i in t.forced()) or "none"
+    return f"| {paper} | {name} | {verdicts} | {forced} |"
 
 
 def _budget_lines(root: Path) -> list[str]:
@@ -459,6 +643,12 @@ def _page_lines(folder: str, s: dict[str, Any], title: str) -> list[str]:
     ]
     if s["claims"]:
         lines += ["| claim | says | verdict |", "|---|---|---|"]
-        lines += [f"| {c['id']} | {c['says']} | {c['verdict']} |" for c in s["claims"]]
+        lines += [f"| {c['id']} | {c['says']} | {_verdict_cell(c)} |" for c in s["claims"]]
         lines.append("")
     return lines
+
+
+def _verdict_cell(claim: dict[str, Any]) -> str:
+    if claim["verdict"] == PENDING:
+        return f"{PENDING} ({claim['reason']})"
+    return claim["verdict"]

@@ -49,6 +49,7 @@ __all__ = [
     "apply_budget",
     "budget_overrides",
     "compare_methods",
+    "kept_runs",
     "reproduce",
     "run_config",
 ]
@@ -173,9 +174,13 @@ def _select(table: PaperTable, rows: Sequence[str] | None) -> list[PaperRow]:
 def row_config(
     row: PaperRow, budget: str, budget_set: dict[str, Any], overrides: Sequence[str]
 ) -> tuple[dict[str, Any], Path]:
-    """A row's raw config at a budget with the caller's overrides, and its config file."""
+    """A row's raw config at a budget with the caller's overrides, and its config file.
+    A row's ``train.local_epochs`` replaces its config's ``local_iters`` (a paper that trains
+    an epoch per round)."""
     path = resolve_config(row.config)
     base = yaml.safe_load(path.read_text()) or {}
+    if any(item.startswith("train.local_epochs=") for item in row.overrides):
+        (base.get("train") or {}).pop("local_iters", None)
     raw = apply_overrides(base, list(row.overrides))
     return apply_budget(raw, budget, budget_set, then=overrides), path
 
@@ -192,6 +197,7 @@ def reproduce(
     evidence: Path | None = None,
     command: str | None = None,
     workers: int = 1,
+    render_only: bool = False,
 ) -> Reproduction:
     """Run the rows of ``paper``'s ``table`` (all, or those named in ``rows`` by label or
     1-based index) ``seeds`` times each at ``budget``; ``overrides`` (``key=value``) come
@@ -203,7 +209,9 @@ def reproduce(
     and the table page is written there too (with ``command``), after every row, so an
     interrupted table has a page of the rows it finished. ``workers`` > 1 runs that many
     runs at once in worker processes (:func:`~fedseg.reproduce.runs.run_jobs`).
-    ``on_run(name, results, seconds)`` is called after each run."""
+    ``on_run(name, results, seconds)`` is called after each run. ``render_only`` trains
+    nothing: the evidence page is rendered again from the runs kept there
+    (:func:`kept_runs`)."""
     if seeds < 1:
         raise ConfigError(f"--seeds {seeds}: must be at least 1")
     p = load_paper(paper)
@@ -213,6 +221,13 @@ def reproduce(
     if evidence is None and budget == "evidence" and not overrides:
         evidence = EVIDENCE_ROOT / f"{paper}-{table}"  # the table's page holds its budget only
     stated = {**budget_set, **dict(item.split("=", 1) for item in overrides)}
+    if render_only:
+        if evidence is None:
+            raise ConfigError("--render-only renders an evidence page: give --budget evidence")
+        kept = [r for r in (kept_runs(evidence, row) for row in t.rows) if r is not None]
+        rep = Reproduction(p, t, budget, stated, seeds, kept, out, evidence=evidence)
+        _write_pages(rep, command)
+        return rep
     chosen = _select(t, rows)
     done: dict[str, RowResult] = {}
 
@@ -265,6 +280,21 @@ def reproduce(
     return rep
 
 
+def kept_runs(evidence: Path, row: PaperRow) -> RowResult | None:
+    """Every finished run of ``row`` kept in ``evidence/runs/<row>/seed<k>``, with the config
+    it recorded, whatever the table's config says now (a table whose config changed after
+    its runs still shows them, marked by its ``changed`` date). None where there is none."""
+    result = RowResult(row)
+    for kept in sorted((evidence / "runs" / slug(row.label)).glob("seed*")):
+        stored = stored_config(kept)
+        if stored is None or not (kept / "cases.csv").is_file():
+            continue
+        result.results.append(json.loads((kept / "results.json").read_text()))
+        result.dirs.append(kept)
+        result.configs.append(stored.model_dump(mode="json"))
+    return result if result.results else None
+
+
 def _seed_runs(
     row: PaperRow, budget: str, budget_set: dict[str, Any], overrides: Sequence[str], seeds: int
 ) -> list[tuple[str, dict[str, Any], RunConfig, str]]:
@@ -284,7 +314,7 @@ def _write_pages(rep: Reproduction, command: str | None) -> None:
     """Analyse ``rep``'s finished rows and write its table to the output folder, and to the
     evidence folder (with the index) if it has one."""
     runs = {r.row.label: r.runs() for r in rep.rows}
-    rep.analysis = analyse(rep.table, runs, rep.paper.metrics, seeds=rep.seeds)
+    rep.analysis = analyse(rep.table, runs, rep.paper.metrics, seeds=rep.seeds, inert=rep.inert())
     write_table(rep, rep.out, command)
     if rep.evidence is not None:
         write_table(rep, rep.evidence, command)

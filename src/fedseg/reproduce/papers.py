@@ -7,7 +7,10 @@ One YAML file per paper in ``fedseg/papers/`` (package data). A table names its 
 the ``published`` values in column order (``null`` where the paper gives none). A table also
 names its ``federation`` (the key of its ``evidence_budget``), its ``controls`` (rows that
 choose the budget), its ``reference`` rows (every row is compared with them) and its
-``claims`` (docs/reproduce.md#claims).
+``claims`` (docs/reproduce.md#claims), and its ``protocol`` sheet, ``changed`` date and
+``mechanisms`` checks (:mod:`fedseg.reproduce.protocol`, docs/reproduce.md#protocol-sheets).
+A paper names the ``distance_unit`` its runs' distances are in (``px``, or ``mm`` where the
+synthetic volumes carry a voxel spacing).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 import yaml
 
 from fedseg.errors import ConfigError
+from fedseg.reproduce.protocol import Changed, Mechanism, ProtocolItem, parse_protocol
 
 __all__ = [
     "PAPERS_DIR",
@@ -99,6 +103,16 @@ class PaperTable:
     notes: tuple[str, ...] = ()
     """What a reader of the evidence page must know about how our rows differ from the
     paper's (rendered under the table)."""
+    protocol: tuple[ProtocolItem, ...] = ()
+    """The paper's training beside the evidence runs', aspect by aspect."""
+    changed: Changed | None = None
+    """When the table's config changed after its runs (its rows wait for a rerun)."""
+    mechanisms: tuple[Mechanism, ...] = ()
+    """Checks that a method's mechanism still acts at the evidence size."""
+
+    def forced(self) -> list[ProtocolItem]:
+        """The protocol's forced differences (what every verdict of the table depends on)."""
+        return [i for i in self.protocol if i.status == "forced"]
 
     def row(self, label: str) -> PaperRow:
         """The row labelled ``label``."""
@@ -118,6 +132,8 @@ class Paper:
     paper_budget: dict[str, Any]
     tables: dict[str, PaperTable] = field(default_factory=dict)
     evidence_budgets: dict[str, EvidenceBudget] = field(default_factory=dict)
+    distance_unit: str = "px"
+    """The unit of the runs' distance metrics (HD95, HD, ASSD): ``px`` or ``mm``."""
 
     def table(self, name: str) -> PaperTable:
         """The table ``name``; ConfigError listing the paper's tables otherwise."""
@@ -208,6 +224,7 @@ def _table(path: Path, tname: str, t: dict[str, Any], metrics: tuple[str, ...]) 
     notes = t.get("notes") or []
     if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
         raise ConfigError(f"{where}.notes: expected a list of sentences")
+    protocol, changed, mechanisms = parse_protocol(t, where, known)
     return PaperTable(
         tname,
         t["title"],
@@ -220,6 +237,9 @@ def _table(path: Path, tname: str, t: dict[str, Any], metrics: tuple[str, ...]) 
         claims,
         paper_columns,
         tuple(notes),
+        protocol,
+        changed,
+        mechanisms,
     )
 
 
@@ -245,4 +265,8 @@ def load_paper(name: str) -> Paper:
         fed: _budget(b or {}, f"{path}: evidence_budget.{fed}")
         for fed, b in (raw.get("evidence_budget") or {}).items()
     }
-    return Paper(name, raw["title"], metrics, raw.get("paper_budget", {}), tables, budgets)
+    unit = raw.get("distance_unit", "px")
+    if unit not in ("px", "mm"):
+        raise ConfigError(f"{path}: distance_unit: expected px or mm, got {unit!r}")
+    paper_budget = raw.get("paper_budget", {})
+    return Paper(name, raw["title"], metrics, paper_budget, tables, budgets, unit)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from fedseg.reproduce.papers import Paper, PaperRow, PaperTable
+from fedseg.reproduce.protocol import Measurement, inert, measure
 from fedseg.reproduce.verdicts import RowRuns, TableAnalysis
 
 __all__ = ["Reproduction", "RowResult"]
@@ -59,3 +60,16 @@ class Reproduction:
     out: Path
     analysis: TableAnalysis | None = None
     evidence: Path | None = None
+
+    def measurements(self) -> dict[str, dict[str, Measurement]]:
+        """Per mechanism check of the table: each of its rows' measurement from the kept runs."""
+        found = {r.row.label: (r.dirs, r.configs) for r in self.rows}
+        return {m.id: measure(m, found) for m in self.table.mechanisms}
+
+    def inert(self) -> dict[str, str]:
+        """The rows whose mechanism is measured inert, each with its measurement."""
+        out: dict[str, str] = {}
+        for m, found in zip(self.table.mechanisms, self.measurements().values(), strict=True):
+            for label, why in inert(m, found).items():
+                out[label] = f"{out[label]}; {why}" if label in out else why
+        return out

@@ -4,7 +4,9 @@ verdict per claim (docs/reproduce.md#reading-a-verdict).
 Verdicts: ``holds`` (Holm-adjusted Wilcoxon p < ALPHA in the claimed direction; for a closeness
 claim: the 95 % interval of the median difference inside the margin), ``contradicted``
 (significant the other way; the interval outside the margin), ``unresolved`` (neither),
-``refused`` (the rows ran on different data, budgets or seeds) and ``not run``. Holm's family is
+``refused`` (the rows ran on different data, budgets or seeds), ``not run`` and ``not testable
+at this size`` (a row's mechanism was measured inert at the evidence size: its comparisons are
+shown, no verdict is drawn from them; :mod:`fedseg.reproduce.protocol`). Holm's family is
 every comparison the whole table plans, a comparison not run yet counting as p = 1, so a
 verdict reached on rows that have all their seeds stands whatever the rest of the table gives.
 """
@@ -29,6 +31,7 @@ from fedseg.reporting.stats import (
     seed_summary,
 )
 from fedseg.reproduce.papers import Claim, PaperTable
+from fedseg.reproduce.protocol import NOT_TESTABLE
 
 __all__ = [
     "COMPARED_SETTINGS",
@@ -158,6 +161,7 @@ def analyse(
     runs: Mapping[str, RowRuns],
     metrics: Sequence[str],
     seeds: int | None = None,
+    inert: Mapping[str, str] | None = None,
 ) -> TableAnalysis:
     """Statistics of one table from the rows' finished runs (rows without runs are skipped).
 
@@ -167,7 +171,9 @@ def analyse(
     only falls as the table fills and a verdict on complete rows is final. A claim with a row
     not run (or short of seeds) is ``contradicted`` if its pairs of complete rows already
     contradict it (every pair must hold), else ``not run``, naming the rows it waits for and
-    keeping the comparisons run so far (their Holm p counts the rest at p = 1)."""
+    keeping the comparisons run so far (their Holm p counts the rest at p = 1). A claim on a
+    row of ``inert`` (label -> the measurement that found its mechanism inert) is
+    ``not testable at this size``, whatever its comparisons give."""
     summaries = {
         (label, m): seed_summary([_site_average(r, m) for r in rr.results])
         for label, rr in runs.items()
@@ -212,6 +218,7 @@ def analyse(
         for m in metrics
     ]
     verdicts = [_verdict(claim, runs, complete, compare) for claim in table.claims]
+    verdicts = [_untestable(v, inert or {}) for v in verdicts]
     return TableAnalysis(summaries, references, verdicts, cases)
 
 
@@ -238,3 +245,12 @@ def _verdict(
     reasons += [f"short of seeds: {', '.join(partial)}"] if partial else []
     so_far = tuple(compare(a, b, claim.metric) for a, b in pairs if a in runs and b in runs)
     return ClaimVerdict(claim, so_far, "not run", "; ".join(reasons))
+
+
+def _untestable(v: ClaimVerdict, inert: Mapping[str, str]) -> ClaimVerdict:
+    """``v`` as ``not testable at this size`` where one of its rows is measured inert."""
+    rows = [r for r in (*v.claim.rows, *v.claim.others) if r in inert]
+    if not rows:
+        return v
+    why = "; ".join(f"{r}: {inert[r]}" for r in dict.fromkeys(rows))
+    return replace(v, verdict=NOT_TESTABLE, reason=why)
