@@ -216,8 +216,10 @@ def test_a_broken_dataset_is_refused_in_one_line_naming_the_file(tmp_path: Path,
 
 def test_option_errors(tmp_path: Path) -> None:
     task = msd_task(tmp_path)
-    with pytest.raises(DataError, match="needs LOW < HIGH and a channel named CT"):
+    with pytest.raises(DataError, match="needs a channel named CT"):
         import_nnunet([task], tmp_path / "f", mode="2d", shape=(8, 8), ct_window=(-100, 100))
+    with pytest.raises(DataError, match="ct_window must be LOW,HIGH with LOW < HIGH"):
+        import_nnunet([task], tmp_path / "f", mode="2d", shape=(8, 8), ct_window=(100, -100))
     with pytest.raises(DataError, match="normalization must be one of"):
         import_nnunet([task], tmp_path / "f", mode="2d", shape=(8, 8), normalization="robust")  # type: ignore[arg-type]
     with pytest.raises(DataError, match="case 'site0_0' has no site in the site regex"):

@@ -100,6 +100,31 @@ def _ints(text: str, what: str) -> list[int]:
         raise DataError(f"{what} must be comma-separated integers, got {text!r}") from None
 
 
+def _floats(text: str, what: str) -> list[float]:
+    try:
+        return [float(v) for v in text.split(",")]
+    except ValueError:
+        raise DataError(f"{what} must be comma-separated numbers, got {text!r}") from None
+
+
+def _window(text: str | None) -> tuple[float, float] | None:
+    """``"-160,240"`` -> ``(-160.0, 240.0)``; the window is checked by the importers."""
+    if text is None:
+        return None
+    values = _floats(text, "--ct-window")
+    if len(values) != 2:
+        raise DataError(f"--ct-window must be LOW,HIGH, got {text!r}")
+    return values[0], values[1]
+
+
+CtWindow = Annotated[
+    str | None,
+    typer.Option(
+        help="LOW,HIGH in HU: clip CT to the window, scale to [0, 1] (--ct-window=-160,240)."
+    ),
+]
+
+
 def _sizes(text: str, n: int, what: str) -> tuple[int, ...]:
     """``"64"`` or ``"64,48"`` -> ``n`` positive sizes (one value is repeated)."""
     values = _ints(text, what)
@@ -343,7 +368,12 @@ def import_nifti_cmd(
     mode: Annotated[str, typer.Option(help="2d (slices) or 3d (volumes).")] = "2d",
     shape: Annotated[str, typer.Option(help="2d: S or H,W; 3d: D,H,W.")] = "256",
     axis: Annotated[int, typer.Option(help="Slice/depth axis after RAS reorientation.")] = 2,
-    fit: Annotated[str, typer.Option(help="3d: resize or crop (centre crop/pad).")] = "resize",
+    fit: Annotated[
+        str | None,
+        typer.Option(
+            help="resize, or crop (centre crop/pad); default resize, crop with --spacing."
+        ),
+    ] = None,
     keep_empty: Annotated[bool, typer.Option(help="2d: keep slices with empty masks.")] = False,
     mapping: Annotated[
         str | None, typer.Option(help="Label value -> class, e.g. 0=0,255=1.")
@@ -351,22 +381,34 @@ def import_nifti_cmd(
     images_dir: Annotated[str, typer.Option(help="Image sub-folder of a site.")] = "images",
     masks_dir: Annotated[str, typer.Option(help="Label sub-folder of a site.")] = "labels",
     mask_suffix: Annotated[
-        str, typer.Option(help="Labels beside images as <case><suffix>.nii.gz.")
+        str, typer.Option(help="Labels as <case><suffix>.nii.gz (any case), beside or in labels/.")
     ] = "",
     test_fraction: TestFraction = 0.2,
     val_fraction: ValFraction = 0.0,
     seed: Seed = 0,
     task: Task = "imported",
-    modality: Modality = "MRI",
+    modality: Annotated[
+        str, typer.Option(help="Modality in the manifest; CT needs --ct-window.")
+    ] = "MRI",
+    ct_window: CtWindow = None,
+    spacing: Annotated[
+        str | None,
+        typer.Option(help="Resample to this spacing in mm: 2d H,W; 3d D,H,W (one value: all)."),
+    ] = None,
+    interpolation: Annotated[
+        str, typer.Option(help="Image resampling with --spacing: linear or cubic.")
+    ] = "linear",
     annotation: SiteAnnotations = None,
     overwrite: Overwrite = False,
 ) -> None:
-    """Import per-site NIfTI volumes as 2D slices or 3D volumes (spacing from headers)."""
+    """Import per-site NIfTI volumes as 2D slices or 3D volumes (spacing from the affine)."""
     from fedseg.data.importers import import_nifti
     from fedseg.data.importers.common import parse_levels
 
     with handled():
-        dims = _sizes(shape, 2 if mode == "2d" else 3, "--shape")
+        n = 2 if mode == "2d" else 3
+        dims = _sizes(shape, n, "--shape")
+        voxel = None if spacing is None else _floats(spacing, "--spacing")
         with _progress("importing volumes") as progress:
             result = import_nifti(
                 src,
@@ -375,8 +417,8 @@ def import_nifti_cmd(
                 mode=mode,  # type: ignore[arg-type]
                 shape=dims,
                 axis=axis,
-                fit=fit,
-                drop_empty=not keep_empty,  # type: ignore[arg-type]
+                fit=fit,  # type: ignore[arg-type]
+                drop_empty=not keep_empty,
                 mapping=parse_levels(mapping) if mapping else None,
                 images_dir=images_dir,
                 masks_dir=masks_dir,
@@ -386,6 +428,9 @@ def import_nifti_cmd(
                 seed=seed,
                 task=task,
                 modality=modality,
+                ct_window=_window(ct_window),
+                spacing=voxel * n if voxel is not None and len(voxel) == 1 else voxel,
+                interpolation=interpolation,  # type: ignore[arg-type]
                 annotations=_assignments(annotation, "--annotation"),
                 overwrite=overwrite,
                 progress=progress,
@@ -407,9 +452,7 @@ def import_nnunet_cmd(
     normalize: Annotated[
         str, typer.Option(help="Per-channel, per-case: minmax ([0, 1]), zscore or none.")
     ] = "minmax",
-    ct_window: Annotated[
-        str | None, typer.Option(help="LOW,HIGH: clip channels named CT, scale to [0, 1].")
-    ] = None,
+    ct_window: CtWindow = None,
     site_csv: Annotated[
         Path | None, typer.Option(help="CSV with columns case,site (default: site per dataset).")
     ] = None,
@@ -428,13 +471,7 @@ def import_nnunet_cmd(
 
     with handled():
         dims = _sizes(shape, 2 if mode == "2d" else 3, "--shape")
-        window = None
-        if ct_window is not None:
-            try:
-                low, high = (float(v) for v in ct_window.split(","))
-            except ValueError:
-                raise DataError(f"--ct-window must be LOW,HIGH, got {ct_window!r}") from None
-            window = (low, high)
+        window = _window(ct_window)
         with _progress("importing datasets") as progress:
             result = import_nnunet(
                 sources,
@@ -457,3 +494,81 @@ def import_nnunet_cmd(
                 progress=progress,
             )
     _volume_summary(out, result)
+
+
+@app.command("import-dicom")
+def import_dicom_cmd(
+    src: Annotated[
+        Path, typer.Argument(help="One sub-folder per site (any layout inside), or see --site-tag.")
+    ],
+    out: Annotated[Path, typer.Argument(help="Output federation folder.")],
+    classes: Classes,
+    segment: Annotated[
+        list[str] | None,
+        typer.Option(help="SEG segment label NAME=CLASS, repeatable (default: label = class)."),
+    ] = None,
+    roi: Annotated[
+        list[str] | None,
+        typer.Option(help="RTSTRUCT ROI name NAME=CLASS, repeatable (default: name = class)."),
+    ] = None,
+    site_tag: Annotated[
+        str | None,
+        typer.Option(help="DICOM attribute naming each series' site, e.g. InstitutionName."),
+    ] = None,
+    mode: Annotated[str, typer.Option(help="2d (slices) or 3d (volumes).")] = "2d",
+    shape: Annotated[str, typer.Option(help="2d: S or H,W; 3d: D,H,W.")] = "256",
+    axis: Annotated[int, typer.Option(help="Slice/depth axis after RAS reorientation.")] = 2,
+    fit: Annotated[
+        str | None,
+        typer.Option(
+            help="resize, or crop (centre crop/pad); default resize, crop with --spacing."
+        ),
+    ] = None,
+    keep_empty: Annotated[bool, typer.Option(help="2d: keep slices with empty masks.")] = False,
+    ct_window: CtWindow = None,
+    spacing: Annotated[
+        str | None,
+        typer.Option(help="Resample to this spacing in mm: 2d H,W; 3d D,H,W (one value: all)."),
+    ] = None,
+    test_fraction: Annotated[
+        float, typer.Option(help="Share of each site's series as test.")
+    ] = 0.2,
+    val_fraction: ValFraction = 0.0,
+    seed: Seed = 0,
+    task: Task = "imported",
+    annotation: SiteAnnotations = None,
+    overwrite: Overwrite = False,
+) -> None:
+    """Import DICOM series with DICOM-SEG or RTSTRUCT masks (the dicom extra; docs/dicom.md)."""
+    with handled():
+        from fedseg.data.importers.dicom import import_dicom
+
+        n = 2 if mode == "2d" else 3
+        dims = _sizes(shape, n, "--shape")
+        voxel = None if spacing is None else _floats(spacing, "--spacing")
+        with _progress("importing DICOM series") as progress:
+            result = import_dicom(
+                src,
+                out,
+                class_names=classes.split(","),
+                mode=mode,  # type: ignore[arg-type]
+                shape=dims,
+                axis=axis,
+                fit=fit,  # type: ignore[arg-type]
+                drop_empty=not keep_empty,
+                site_tag=site_tag,
+                segments=_assignments(segment, "--segment"),
+                rois=_assignments(roi, "--roi"),
+                ct_window=_window(ct_window),
+                spacing=voxel * n if voxel is not None and len(voxel) == 1 else voxel,
+                test_fraction=test_fraction,
+                val_fraction=val_fraction,
+                seed=seed,
+                task=task,
+                annotations=_assignments(annotation, "--annotation"),
+                overwrite=overwrite,
+                progress=progress,
+            )
+    _volume_summary(out, result)
+    if result.unlabelled_series:
+        console.print(f"skipped {result.unlabelled_series} image series without a mask")

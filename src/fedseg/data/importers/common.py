@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -12,7 +13,9 @@ from fedseg.data.manifest import Annotation, check_annotations
 from fedseg.errors import DataError
 
 __all__ = [
+    "apply_window",
     "assign_splits",
+    "check_window",
     "find_pairs",
     "map_levels",
     "natural_key",
@@ -51,14 +54,16 @@ def find_pairs(
     masks_dir: str,
     extensions: Sequence[str],
     mask_suffix: str = "",
+    mask_prefix: str = "",
 ) -> list[tuple[str, Path, Path]]:
     """Pair images with masks in ``folder``: ``<images_dir>/<id>.*`` with
-    ``<masks_dir>/<id>[<mask_suffix>].*``, or, when those folders do not exist and a
-    ``mask_suffix`` is given, ``<id>.*`` with ``<id><mask_suffix>.*`` side by side.
+    ``<masks_dir>/<mask_prefix><id><mask_suffix>.*``, or, when those folders do not exist and
+    a ``mask_suffix`` is given, ``<id>.*`` with ``<id><mask_suffix>.*`` side by side. Prefix
+    and suffix match whatever their case (``_Segmentation`` finds ``_segmentation``).
 
     Raises:
         DataError: a missing sub-folder, no images, or an image without its mask or a mask
-            without its image.
+            without its image (naming the near matches, e.g. a mask with another suffix).
     """
     img_dir, mask_dir = folder / images_dir, folder / masks_dir
     if not img_dir.is_dir():
@@ -69,21 +74,58 @@ def find_pairs(
         raise DataError(f"{folder}: has {images_dir}/ but no {masks_dir}/; expected both")
     files = [p for p in img_dir.iterdir() if _has_ext(p, extensions)]
     mask_files = [p for p in mask_dir.iterdir() if _has_ext(p, extensions)]
-    if mask_suffix and img_dir == mask_dir:
-        mask_files = [p for p in mask_files if stem(p).endswith(mask_suffix)]
-        files = [p for p in files if not stem(p).endswith(mask_suffix)]
+    side_by_side = img_dir == mask_dir
+    if side_by_side:
+        mask_files = [p for p in mask_files if _mask_id(stem(p), mask_prefix, mask_suffix, True)]
+        files = [p for p in files if p not in mask_files]
     images = _by_stem(files)
-    masks = {k.removesuffix(mask_suffix): p for k, p in _by_stem(mask_files).items()}
     if not images:
         raise DataError(f"{img_dir}: no image files with extensions {list(extensions)}")
+    masks: dict[str, Path] = {}
+    strays = []  # mask files lacking the prefix
+    for k, p in _by_stem(mask_files).items():
+        key = _mask_id(k, mask_prefix, mask_suffix, side_by_side)
+        if key is None:
+            strays.append(k)
+        elif masks.setdefault(key, p) != p:
+            raise DataError(f"{masks[key]} and {p} are both the mask of {key!r}; keep one")
     lonely = sorted(set(images) - set(masks), key=natural_key)
-    orphans = sorted(set(masks) - set(images), key=natural_key)
+    orphans = sorted([*(set(masks) - set(images)), *strays], key=natural_key)
     if lonely or orphans:
+        paired = {images[k] for k in set(images) & set(masks)} | {
+            masks[k] for k in set(images) & set(masks)
+        }
+        others = sorted(
+            stem(p) for p in mask_dir.iterdir() if _has_ext(p, extensions) and p not in paired
+        )
+        near = {k: _near(k, f"{mask_prefix}{k}{mask_suffix}", others) for k in lonely[:5]}
+        hints = [f"{k} ~ {m}" for k, m in near.items() if m]
         raise DataError(
-            f"{folder}: every image needs exactly one mask; images without mask: "
-            f"{lonely[:5] or 'none'}, masks without image: {orphans[:5] or 'none'}"
+            f"{folder}: every image needs exactly one mask {mask_prefix}<id>{mask_suffix}.* in "
+            f"{mask_dir}; images without mask: {lonely[:5] or 'none'}, masks without image: "
+            f"{orphans[:5] or 'none'}" + (f"; near matches: {', '.join(hints)}" if hints else "")
         )
     return [(k, images[k], masks[k]) for k in sorted(images, key=natural_key)]
+
+
+def _near(image_id: str, wanted: str, names: list[str]) -> str | None:
+    """The file stem in ``names`` most like the mask ``wanted`` of ``image_id``: one that
+    starts with the id (another suffix), else the closest by difflib, case ignored."""
+    low = {n.lower(): n for n in names if n != image_id}
+    starts = [n for key, n in low.items() if key.startswith(image_id.lower())]
+    close = difflib.get_close_matches(wanted.lower(), list(low), n=1)
+    return starts[0] if starts else (low[close[0]] if close else None)
+
+
+def _mask_id(name: str, prefix: str, suffix: str, need_suffix: bool) -> str | None:
+    """The image id of mask file stem ``name``: without ``prefix`` (required) and ``suffix``
+    (optional unless ``need_suffix``), both matched whatever their case; None if it lacks them."""
+    low = name.lower()
+    has_suffix = bool(suffix) and low.endswith(suffix.lower())
+    if not low.startswith(prefix.lower()) or (need_suffix and not has_suffix):
+        return None
+    core = name[len(prefix) : len(name) - len(suffix) if has_suffix else len(name)]
+    return core or None
 
 
 def assign_splits(
@@ -158,6 +200,20 @@ def map_levels(mask: np.ndarray, mapping: dict[int, int], tolerance: int, where:
     for value, cls in lut.items():
         out[mask == value] = cls
     return out
+
+
+def check_window(window: tuple[float, float] | None, where: str) -> None:
+    """DataError unless ``window`` is None or a finite ``(LOW, HIGH)`` with LOW < HIGH."""
+    if window is not None and not (
+        len(window) == 2 and all(np.isfinite(window)) and window[0] < window[1]
+    ):
+        raise DataError(f"{where} must be LOW,HIGH with LOW < HIGH (in HU), got {window}")
+
+
+def apply_window(data: np.ndarray, window: tuple[float, float]) -> np.ndarray:
+    """CT intensities clipped to ``window`` (HU) and scaled to [0, 1], as float32."""
+    low, high = window
+    return ((np.clip(data, low, high) - low) / (high - low)).astype(np.float32)
 
 
 def site_annotations(

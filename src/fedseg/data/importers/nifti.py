@@ -2,12 +2,14 @@
 
 Layout: ``SRC/<site>/images/<case>.nii.gz`` with ``SRC/<site>/labels/<case>.nii.gz``, or
 side by side as ``<case>.nii.gz`` + ``<case><mask_suffix>.nii.gz``; optionally pre-split into
-``SRC/<site>/{train,test}/``. Volumes are reoriented to RAS (``nibabel.as_closest_canonical``)
-and intensities scaled to [0, 1] per volume; splits are drawn per case, never per slice.
+``SRC/<site>/{train,test}/``. Volumes are reoriented to RAS (``nibabel.as_closest_canonical``),
+optionally resampled to one voxel spacing for the whole federation, and intensities scaled to
+[0, 1] (per volume, or by a CT window in HU); splits are drawn per case, never per slice.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,13 +21,16 @@ import numpy as np
 from fedseg.data.arrays import center_crop_or_pad, normalize_intensity, resize_image, resize_mask
 from fedseg.data.federation import unreadable
 from fedseg.data.importers.common import (
+    apply_window,
     assign_splits,
+    check_window,
     find_pairs,
     map_levels,
     site_annotations,
     site_dirs,
 )
 from fedseg.data.manifest import Annotation, BoxConversion, Manifest
+from fedseg.data.resample import INTERPOLATIONS, Interpolation, resample_image, resample_mask
 from fedseg.data.writer import FederationWriter
 from fedseg.errors import DataError
 
@@ -50,7 +55,7 @@ def import_nifti(
     mode: Literal["2d", "3d"],
     shape: Sequence[int],
     axis: int = 2,
-    fit: Literal["resize", "crop"] = "resize",
+    fit: Literal["resize", "crop"] | None = None,
     drop_empty: bool = True,
     mapping: Mapping[int, int] | None = None,
     images_dir: str = "images",
@@ -61,6 +66,9 @@ def import_nifti(
     seed: int = 0,
     task: str = "imported",
     modality: str = "MRI",
+    ct_window: tuple[float, float] | None = None,
+    spacing: Sequence[float] | None = None,
+    interpolation: Interpolation = "linear",
     annotations: Mapping[str, Annotation] | None = None,
     box_conversion: BoxConversion = "block",
     overwrite: bool = False,
@@ -69,18 +77,44 @@ def import_nifti(
     """Convert per-site NIfTI image/label volumes in ``src`` into a federation folder ``out``.
 
     ``mode="2d"`` cuts every volume into slices along ``axis`` (after RAS reorientation; 2 =
-    axial), drops slices whose mask is empty when ``drop_empty``, and resizes each slice to
+    axial), drops slices whose mask is empty when ``drop_empty``, and fits each slice to
     ``shape`` (H, W). ``mode="3d"`` keeps volumes, moves ``axis`` first (D, H, W) and fits them
-    to ``shape`` by resizing or centre cropping/padding (``fit``). Spacing comes from the
-    header and follows resizing. Label values map through ``mapping`` (value -> class) or must
-    already be classes.
+    to ``shape``. ``fit`` is ``resize`` or centre ``crop``/pad; the default is ``resize``, or
+    ``crop`` with ``spacing``. Spacing comes from the affine and follows resizing.
+
+    ``spacing`` (mm; (H, W) in 2D, (D, H, W) in 3D, axis order after moving ``axis`` first)
+    resamples every volume to that voxel spacing first (images ``interpolation``, labels
+    nearest neighbour), so one pixel is the same size at every site; resizing afterwards would
+    undo that, so ``spacing`` needs ``fit="crop"``. ``modality="CT"`` needs ``ct_window``
+    (LOW, HIGH in HU): intensities are clipped to it and scaled to [0, 1] instead of the
+    per-volume percentile scaling. Label values map through ``mapping`` (value -> class) or
+    must already be classes.
     """
     ndim = {"2d": 2, "3d": 3}.get(mode)
+    fit = fit or ("crop" if spacing is not None else "resize")
     if ndim is None or len(shape) != ndim or axis not in (0, 1, 2) or fit not in ("resize", "crop"):
         raise DataError(
             f"need mode 2d with a (H, W) shape or 3d with a (D, H, W) shape, axis in 0..2 and "
             f"fit resize|crop; got mode={mode!r}, shape={tuple(shape)}, axis={axis}, fit={fit!r}"
         )
+    is_ct = modality.strip().upper() == "CT"
+    check_window(ct_window, "--ct-window")
+    if is_ct != (ct_window is not None):
+        raise DataError(
+            "--modality CT needs --ct-window LOW,HIGH in HU (e.g. -160,240 for abdominal soft "
+            f"tissue), and a CT window needs --modality CT; got modality {modality!r}, "
+            f"window {ct_window}"
+        )
+    if spacing is not None and (
+        len(spacing) != ndim or fit != "crop" or not all(0 < v < math.inf for v in spacing)
+    ):
+        raise DataError(
+            f"--spacing needs {ndim} positive values in mm in {mode} mode "
+            f"({'H,W' if ndim == 2 else 'D,H,W'}) and --fit crop (resizing would change the "
+            f"spacing again); got spacing {tuple(spacing)}, fit {fit!r}"
+        )
+    if interpolation not in INTERPOLATIONS:
+        raise DataError(f"--interpolation must be one of {INTERPOLATIONS}, got {interpolation!r}")
     src = Path(src)
     plan = {}
     for site in site_dirs(src):
@@ -121,10 +155,15 @@ def import_nifti(
         total, done, dropped = sum(len(v) for v in plan.values()), 0, 0
         for site, items in plan.items():
             for case, img_path, lab_path, split in items:
-                image, label, spacing = _read_case(
-                    img_path, lab_path, axis, mapping, len(class_names)
+                raw, label, zooms = _read_case(img_path, lab_path, axis, mapping, len(class_names))
+                if spacing is not None:  # slices keep their thickness, only H, W change in 2D
+                    target = (zooms[0], *spacing) if ndim == 2 else tuple(spacing)
+                    raw = resample_image(raw, zooms, target, interpolation)
+                    label, zooms = resample_mask(label, zooms, target), target
+                image = (
+                    normalize_intensity(raw) if ct_window is None else apply_window(raw, ct_window)
                 )
-                samples = case_samples(case, image[None], label, spacing, shape, fit, drop_empty)
+                samples = case_samples(case, image[None], label, zooms, shape, fit, drop_empty)
                 dropped += len(image) - len(samples) if ndim == 2 else 0
                 for sample_id, img, lab, sp in samples:
                     writer.add(site, split, sample_id, img, lab, spacing=sp, origin=str(img_path))
@@ -137,7 +176,8 @@ def import_nifti(
 def _read_case(
     img_path: Path, lab_path: Path, axis: int, mapping: Mapping[int, int] | None, k: int
 ) -> tuple[np.ndarray, np.ndarray, tuple[float, ...]]:
-    """Volume and label with ``axis`` first, RAS-oriented; spacing in the same axis order."""
+    """Raw volume and label with ``axis`` first, RAS-oriented; voxel spacing from the affine
+    in the same axis order."""
     img, data = load_volume(img_path, "image")
     _, raw = load_volume(lab_path, "label")
     if data.shape != raw.shape:
@@ -153,9 +193,9 @@ def _read_case(
     bad = sorted(set(np.unique(label).tolist()) - set(range(k)))
     if bad:
         raise DataError(f"{lab_path}: label values must be classes 0..{k - 1}, got {bad[:10]}")
-    zooms = [float(z) for z in img.header.get_zooms()[:3]]
+    zooms = [float(z) for z in nib.affines.voxel_sizes(img.affine)]
     order = [axis] + [a for a in range(3) if a != axis]
-    image = normalize_intensity(np.transpose(data, order))
+    image = np.transpose(data, order)
     return image, np.transpose(label, order).astype(np.uint8), tuple(zooms[a] for a in order)
 
 
@@ -191,13 +231,13 @@ def case_samples(
     """Samples ``(id, image, label, spacing)`` of one case: image (C, D, H, W), label (D, H, W).
 
     A 3D ``shape`` keeps the volume, fitted by resizing or centre cropping/padding (``fit``); a
-    2D ``shape`` cuts slices along D (ids ``<case>_<k>``, resized; empty-mask slices dropped
-    when ``drop_empty``).
+    2D ``shape`` cuts slices along D (ids ``<case>_<k>``, fitted alike; empty-mask slices
+    dropped when ``drop_empty``).
     """
     if len(shape) == 3:
         return [(case, *_fit(image, label, spacing, shape, fit))]
     return [
-        (f"{case}_{k:03d}", *_fit(image[:, k], label[k], spacing[1:], shape, "resize"))
+        (f"{case}_{k:03d}", *_fit(image[:, k], label[k], spacing[1:], shape, fit))
         for k in range(label.shape[0])
         if label[k].any() or not drop_empty
     ]

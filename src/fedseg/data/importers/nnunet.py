@@ -22,7 +22,13 @@ from typing import Any, Literal
 import numpy as np
 
 from fedseg.data.arrays import normalize_intensity
-from fedseg.data.importers.common import assign_splits, natural_key, site_annotations
+from fedseg.data.importers.common import (
+    apply_window,
+    assign_splits,
+    check_window,
+    natural_key,
+    site_annotations,
+)
 from fedseg.data.importers.nifti import NiftiImport, case_samples, load_volume
 from fedseg.data.manifest import Annotation
 from fedseg.data.writer import FederationWriter
@@ -96,10 +102,11 @@ def import_nnunet(
                 f"{first.name}'s {first.channels} and {first.classes}; datasets must agree"
             )
     is_ct = [c.strip().lower() == "ct" for c in first.channels]
-    if ct_window is not None and (not any(is_ct) or ct_window[0] >= ct_window[1]):
+    check_window(ct_window, "ct_window")
+    if ct_window is not None and not any(is_ct):
         raise DataError(
-            f"ct_window {ct_window} needs LOW < HIGH and a channel named CT in "
-            f"{first.name}'s dataset.json (channels: {first.channels})"
+            f"ct_window {ct_window} needs a channel named CT in {first.name}'s dataset.json "
+            f"(channels: {first.channels})"
         )
     sites = _assign_sites(datasets, site_csv, site_regex)
     plan = {}
@@ -333,8 +340,7 @@ def _normalise(
 ) -> np.ndarray:
     """One channel of one case: CT window (clip, scale to [0, 1]) or ``how``."""
     if window is not None:
-        low, high = window
-        return (np.clip(data, low, high) - low) / (high - low)
+        return apply_window(data, window)
     if how == "minmax":
         return normalize_intensity(data)
     if how == "zscore":
