@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from fedseg.console import console, err, fail
@@ -20,6 +21,26 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from fedseg import __version__
+
+        console.print(f"fedseg {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Federated and personalized-federated medical image segmentation."""
 
 
 def _mount_subapps() -> None:
@@ -132,7 +153,7 @@ def report(
     try:
         rep = build_report([load_run(d) for d in run_dirs])
         for w in rep.warnings + [w for s in rep.sections for w in s.warnings]:
-            err.print(f"[yellow]warning:[/] {w}", markup=True, highlight=False)
+            err.print(f"[yellow]warning:[/] {escape(w)}", markup=True, highlight=False)
         if out is not None and out.suffix.lower() != ".md":
             written = write_report(rep, out, metrics)
             console.print(f"wrote {', '.join(str(p) for p in written[:3])}")
@@ -194,6 +215,13 @@ def reproduce(
             "threads (unless OMP_NUM_THREADS or engine.threads is set); a GPU is shared.",
         ),
     ] = 1,
+    render_only: Annotated[
+        bool,
+        typer.Option(
+            help="Train nothing: render the evidence page again from the runs kept in its "
+            "folder (with --budget evidence)."
+        ),
+    ] = False,
 ) -> None:
     """Run every row of a paper table at a budget; render it beside the published numbers
     with statistics over seeds and a verdict per claim of the paper."""
@@ -234,8 +262,9 @@ def reproduce(
             row,
             on_run=done,
             evidence=evidence,
-            command=shlex.join(["fedseg", *_without_rows(sys.argv[1:])]),
+            command=None if render_only else shlex.join(["fedseg", *_without_rows(sys.argv[1:])]),
             workers=jobs,
+            render_only=render_only,
         )
     except FedsegError as e:
         fail(e)
@@ -302,7 +331,8 @@ def export(
 def predict(
     source: Annotated[Path, typer.Argument(help="Run directory, or a <site>.pt from export.")],
     input_: Annotated[
-        Path, typer.Option("--input", help="Folder of PNG/JPG images or NIfTI volumes.")
+        Path,
+        typer.Option("--input", help="Folder of PNG/JPG images, NIfTI volumes or DICOM series."),
     ],
     out: Annotated[Path, typer.Option(help="Folder for the masks.")],
     site: Annotated[
@@ -324,9 +354,22 @@ def predict(
         Path | None, typer.Option(help="Federation folder, if not the run's data.root.")
     ] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto.")] = "cpu",
+    output_format: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="auto (PNG for images, NIfTI for volumes) or dicom-seg (input: DICOM series; "
+            "one DICOM-SEG per series, the dicom extra).",
+        ),
+    ] = "auto",
+    ct_window: Annotated[
+        str | None,
+        typer.Option(help="LOW,HIGH in HU: volumes scaled as the import's --ct-window did."),
+    ] = None,
 ) -> None:
     """Segment new images with a site's model: PNG masks (label values) for images, NIfTI
-    masks with the input's header for volumes; see docs/predict.md."""
+    masks with the input's header for volumes, DICOM-SEGs for DICOM series (--format
+    dicom-seg); see docs/predict.md."""
     from fedseg.engine.device import resolve_device
     from fedseg.errors import ConfigError
     from fedseg.export import load_exported
@@ -346,9 +389,22 @@ def predict(
             model = RunModels(source, device=dev, data_root=data).site_model(site)
         if not 0 <= overlap < 1:
             raise ConfigError(f"--overlap must lie in [0, 1), got {overlap}")
+        window = None
+        if ct_window is not None:
+            from fedseg.data.cli import _window
+
+            window = _window(ct_window)
         written = predict_files(
-            model, input_, out, fit=fit, overlap=overlap, axis=axis, batch_size=batch_size
-        )  # type: ignore[arg-type]
+            model,
+            input_,
+            out,
+            fit=fit,  # type: ignore[arg-type]
+            overlap=overlap,
+            axis=axis,
+            batch_size=batch_size,
+            output_format=output_format,  # type: ignore[arg-type]
+            ct_window=window,
+        )
     except FedsegError as e:
         fail(e)
     console.print(f"wrote {len(written)} masks to {out}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -55,11 +56,13 @@ def list_(pattern: Annotated[str, typer.Argument(help="Substring filter.")] = ""
 def show(
     name: Annotated[str, typer.Argument(help="Shipped config name, e.g. quickstart.")],
 ) -> None:
-    """Print a shipped configuration."""
+    """Print a shipped configuration as it is on disk (never wrapped: `> my.yaml` keeps it
+    valid YAML)."""
     try:
-        console.print(resolve_config(name).read_text(), markup=False, highlight=False)
+        text = resolve_config(name).read_text()
     except FedsegError as e:
         fail(e)
+    sys.stdout.write(text)
 
 
 @app.command()

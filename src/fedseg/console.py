@@ -8,6 +8,7 @@ from typing import NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from fedseg.errors import FedsegError
 
@@ -19,7 +20,7 @@ err = Console(stderr=True)
 
 def fail(e: FedsegError) -> NoReturn:
     """Print the error's reason (unwrapped, so paths stay whole) and exit with status 2."""
-    err.print(f"[bold red]error:[/] {e.reason}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(e.reason)}", highlight=False, soft_wrap=True)
     raise typer.Exit(2) from None
 
 

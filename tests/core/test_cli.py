@@ -80,3 +80,29 @@ def test_argument_help_texts_show() -> None:
     out = CliRunner().invoke(cli_app, ["run", "--help"], terminal_width=200)
     assert out.exit_code == 0
     assert "YAML run configuration, or a shipped name" in out.output, out.output
+
+
+def test_version() -> None:
+    from fedseg import __version__
+
+    out = runner.invoke(app, ["--version"])
+    assert out.exit_code == 0 and out.output.strip() == f"fedseg {__version__}"
+
+
+def test_install_hints_keep_the_extra(tmp_path, monkeypatch, capsys) -> None:
+    """``[onnx]`` is not eaten as console markup: the printed hint installs the extra."""
+    import sys
+
+    import pytest
+    import typer
+
+    from fedseg.console import fail
+    from fedseg.errors import ConfigError
+    from fedseg.onnx_model import OnnxLabelMaps
+
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # as if the onnx extra were missing
+    with pytest.raises(ConfigError) as missing:
+        OnnxLabelMaps(tmp_path / "A.onnx")
+    with pytest.raises(typer.Exit):
+        fail(missing.value)
+    assert "pip install 'fedseg[onnx]'" in capsys.readouterr().err

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from fedseg.cli import app
@@ -56,3 +60,20 @@ def test_run_by_name(tmp_path, monkeypatch, name) -> None:
         assert (tmp_path / "r/results.json").exists()
     else:
         assert out.exit_code == 2 and "fedseg configs list" in out.output
+
+
+def test_configs_show_piped_is_the_file_itself() -> None:
+    """``fedseg configs show NAME > my.yaml`` writes the shipped YAML unwrapped (a config
+    with lines longer than 80 columns used to be cut into invalid YAML)."""
+    name = "vc/table3_vc_paa_shared_polyp"
+    text = resolve_config(name).read_text()
+    assert max(len(line) for line in text.splitlines()) > 80
+    out = subprocess.run(
+        [sys.executable, "-m", "fedseg.cli", "configs", "show", name],
+        env={**os.environ, "COLUMNS": "80"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout == text
+    assert yaml.safe_load(out.stdout) == yaml.safe_load(text)

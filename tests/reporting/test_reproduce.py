@@ -42,6 +42,10 @@ def test_reproduce_two_rows_smoke_beside_published(tmp_path):
     assert "baseline (FedAvg)" in table and "| TDF |" in table
     assert not (out / "tdf-pd").exists()  # rows not asked for are not run
     assert "**not run** (no runs of TDF + PD)" in table  # and their claims say so
+    # a smoke run proves only that the rows run: its claims get no holds/contradicted
+    claims = table.split("### Claims")[1].split("\n### ")[0]
+    assert "smoke: not evidence" in claims and "smoke: not evidence" in res.output
+    assert not any(f"**{v}**" in claims for v in ("holds", "contradicted", "unresolved"))
     # the paper's FAZ numbers sit beside ours (Table VII: 84.05 / 14.18 and 90.61 / 7.14)
     assert "84.05 | 14.18" in table and "90.61 | 7.14" in table
     assert "Lin et al., IEEE TMI 2024, Sec. IV-D1, Table VII" in table and "Budget `smoke`" in table
