@@ -39,7 +39,8 @@ def save(path: Path, data: np.ndarray, affine: np.ndarray) -> None:
 
 
 def ct_site(root: Path, site: str, voxel: float, cases: int = 2, suffix: str = "_seg") -> None:
-    """CT cases in HU (air -1000 outside the body disc, fat -100, organ 60, bone 700) side by side with their labels, ``voxel`` mm in-plane, 3 mm slices."""
+    """CT cases in HU (air -1000 outside the body disc, fat -100, organ 60, bone 700) side
+    by side with their labels, ``voxel`` mm in-plane, 3 mm slices."""
     affine = np.diag([voxel, voxel, 3.0, 1.0])
     for c in range(cases):
         label = organ(voxel)
