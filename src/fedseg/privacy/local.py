@@ -7,8 +7,10 @@ shared training loop.
 
 1. a Poisson sample of the site's ``n`` training examples, each with probability
    ``q = min(1, batch_size / n)`` (from the client step's seeded generator);
-2. each sampled example's gradient from a forward and backward pass of that example alone,
-   so its loss (pCE over its own labelled pixels, its own Dice, ...) never mixes examples;
+2. each sampled example's gradient from one batched forward and backward pass through
+   Opacus's :class:`~opacus.GradSampleModule` (per-sample gradients from layer hooks, or
+   functorch for a layer without a hook), the loss being the sum of each example's own loss
+   (pCE over its own labelled pixels, its own Dice, ...), so no term mixes examples;
 3. each gradient clipped to ``clip`` in L2 over every optimised parameter, the clipped
    gradients summed, Gaussian noise of standard deviation ``noise_multiplier * clip`` added,
    and the sum divided by the expected batch size ``batch_size``;
@@ -22,8 +24,9 @@ Gaussian) joins the round's client metrics in ``rounds.jsonl``.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -48,7 +51,6 @@ from fedseg.methods.ft import FineTune
 from fedseg.methods.local import LocalOnly
 from fedseg.methods.training import (
     LossFn,
-    add_auxiliary,
     autocast,
     auxiliary_modules,
     memory_format,
@@ -62,7 +64,7 @@ __all__ = [
     "DPSGD",
     "LocalDP",
     "batch_norms",
-    "clip_into",
+    "clipped_sum",
     "require_local_dp",
     "supported_local_methods",
     "supports_local_dp",
@@ -123,17 +125,41 @@ def batch_norms(model: nn.Module) -> list[str]:
     return [n for n, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
 
 
+def _opacus() -> Any:
+    try:
+        import opacus
+        import opacus.validators
+    except ImportError:
+        raise ConfigError(
+            "privacy.mode local: per-example gradients need opacus (pip install 'fedseg[privacy]')"
+        ) from None
+    return opacus
+
+
+def require_per_example(model: nn.Module) -> None:
+    """ConfigError unless every layer of ``model`` treats the examples of a batch apart
+    (Opacus's ModuleValidator) and no module adds a loss term of the whole batch."""
+    if norms := batch_norms(model):
+        raise ConfigError(
+            f"privacy.mode local: the network has BatchNorm layers ({norms[0]}, ...), whose "
+            "batch statistics mix examples and whose running statistics leave the site "
+            "without noise; set model.norm: group or instance"
+        )
+    if errors := _opacus().validators.ModuleValidator.validate(model, strict=False):
+        raise ConfigError(f"privacy.mode local: Opacus refuses the network: {errors[0]}")
+    if aux := auxiliary_modules(model):
+        raise ConfigError(
+            f"privacy.mode local: the network's {type(aux[0]).__name__} adds a loss term of "
+            "the whole batch, which per-example clipping does not cover"
+        )
+
+
 class LocalDP(PrivateWrapper):
     """``inner`` with every local training step replaced by a DP-SGD step."""
 
     def __init__(self, inner: Method, settings: PrivacySettings, name: str) -> None:
         require_local_dp(name, type(inner))
-        if norms := batch_norms(inner.build_model()):
-            raise ConfigError(
-                f"privacy.mode local: the network has BatchNorm layers ({norms[0]}, ...), whose "
-                "batch statistics mix examples and whose running statistics leave the site "
-                "without noise; set model.norm: group or instance"
-            )
+        require_per_example(inner.build_model())
         super().__init__(inner, settings, name, "local DP-SGD")
 
     def client_step(self, payload: Payload, state: State, ctx: ClientContext) -> ClientResult:
@@ -201,40 +227,59 @@ class DPSGD:
         iters: int,
         regularizer: Callable[[], torch.Tensor] | None,
     ) -> dict[str, float]:
-        params = [p for group in opt.param_groups for p in group["params"]]
-        aux = auxiliary_modules(model)
+        params = [p for group in opt.param_groups for p in group["params"] if p.requires_grad]
+        std = self.settings.noise_multiplier * self.settings.clip
         total, count = 0.0, 0
-        for _ in range(iters):
-            if self.budget is not None and self.steps >= self.budget:
-                break
-            images, labels = self.sample()
-            summed = [torch.zeros_like(p) for p in params]
-            for i in range(len(images)):
-                with autocast(ctx.device):
-                    out = model(memory_format(images[i : i + 1]))
-                    loss = add_auxiliary(loss_fn(out, labels[i : i + 1]), aux)
-                grads = torch.autograd.grad(loss, params, allow_unused=True)
-                clip_into(summed, grads, self.settings.clip)
-                total, count = total + float(loss.detach()), count + 1
-            opt.zero_grad(set_to_none=True)
-            std = self.settings.noise_multiplier * self.settings.clip
-            for p, s in zip(params, summed, strict=True):
-                noise = torch.randn(s.shape, generator=ctx.generator, dtype=s.dtype)
-                p.grad = (s + std * noise.to(s.device)) / self.batch
-            if regularizer is not None:
-                regularizer().backward()
-            opt.step()
-            self.steps += 1
+        net = _opacus().GradSampleModule(model, loss_reduction="sum")
+        try:
+            for _ in range(iters):
+                if self.budget is not None and self.steps >= self.budget:
+                    break
+                summed, losses = self.clipped_gradients(net, params, loss_fn)
+                total, count = total + sum(losses), count + len(losses)
+                opt.zero_grad(set_to_none=True)
+                for p, s in zip(params, summed, strict=True):
+                    noise = torch.randn(s.shape, generator=ctx.generator, dtype=s.dtype)
+                    p.grad = (s + std * noise.to(s.device)) / self.batch
+                if regularizer is not None:
+                    regularizer().backward()
+                opt.step()
+                self.steps += 1
+        finally:
+            net._close()
         return {"loss": total / max(count, 1)}
 
+    def clipped_gradients(
+        self, net: nn.Module, params: list[nn.Parameter], loss_fn: LossFn
+    ) -> tuple[list[torch.Tensor], list[float]]:
+        """The sum over a Poisson sample of the examples' clipped gradients (zeros for an
+        empty sample), and each example's loss; ``net`` is a GradSampleModule."""
+        images, labels = self.sample()
+        summed = [torch.zeros_like(p) for p in params]
+        if not len(images):
+            return summed, []
+        with autocast(self.ctx.device):
+            out = net(memory_format(images))
+            losses = [loss_fn(out[i : i + 1], labels[i : i + 1]) for i in range(len(out))]
+        with warnings.catch_warnings():  # the images need no gradient
+            warnings.filterwarnings("ignore", "Full backward hook is firing")
+            torch.autograd.grad(torch.stack(losses).sum(), params, allow_unused=True)
+        clipped_sum(summed, [getattr(p, "grad_sample", None) for p in params], self.settings.clip)
+        net.set_grad_sample_to_none()  # type: ignore[operator]
+        return summed, [float(v.detach()) for v in losses]
 
-def clip_into(
-    summed: list[torch.Tensor], grads: tuple[torch.Tensor | None, ...], clip: float
+
+def clipped_sum(
+    summed: list[torch.Tensor], samples: Sequence[torch.Tensor | None], clip: float
 ) -> None:
-    """Add ``grads`` (one example's; None for an unused parameter) to ``summed``, scaled by
-    ``min(1, clip / norm)`` with the L2 norm over all of them."""
-    norm = math.sqrt(sum(float(g.double().square().sum()) for g in grads if g is not None))
-    scale = min(1.0, clip / max(norm, 1e-12))
-    for s, g in zip(summed, grads, strict=True):
+    """Add to ``summed`` the per-example gradients ``samples`` (one tensor per parameter, the
+    examples along dim 0; None for an unused parameter), each example's gradient scaled by
+    ``min(1, clip / norm)`` with its L2 norm over all parameters (in float64)."""
+    present = [g for g in samples if g is not None]
+    if not present:
+        return
+    norms = sum(g.double().flatten(1).square().sum(1) for g in present).sqrt()
+    scale = (clip / norms.clamp(min=1e-12)).clamp(max=1.0)
+    for s, g in zip(summed, samples, strict=True):
         if g is not None:
-            s.add_(g, alpha=scale)
+            s.add_(torch.einsum("b,b...->...", scale.to(g.dtype), g))
