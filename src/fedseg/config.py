@@ -29,6 +29,7 @@ __all__ = [
     "EngineSettings",
     "EvalSettings",
     "RunConfig",
+    "ScreeningSettings",
     "SynthSettings",
     "TrackingSettings",
     "apply_overrides",
@@ -57,6 +58,9 @@ class SynthSettings(_Strict):
     """How far each site's appearance lies from the mean site: 1 the task's styles as
     designed, 0 identical sites, in between each style number moved linearly towards its
     mean over the task's sites (docs/data.md, "Site shift")."""
+    split: tuple[float, float, float] = (0.7, 0.1, 0.2)
+    """Train/validation/test fractions of every site (e.g. a larger validation share so that
+    the smallest sites hold several validation cases)."""
     seed: int = 0
     """Seed of the federation's images, splits and weak labels; apart from the run's
     ``seed``, so every run of a config, whatever its seed, trains and tests on the same
@@ -174,6 +178,18 @@ class TrackingSettings(_Strict):
     """MLflow metrics per round (needs ``mlflow``; ``MLFLOW_TRACKING_URI`` picks the server)."""
 
 
+class ScreeningSettings(_Strict):
+    """Optional bounds against sites that lie (docs/deployment.md#security); unset: off."""
+
+    max_samples_ratio: float | None = Field(None, ge=1)
+    """Refuse the run when a site declares more than this many times the median declared
+    training-sample count of the federation (the lower median with an even number)."""
+    max_update_norm_ratio: float | None = Field(None, ge=1)
+    """Refuse, for the round, an upload whose update (its distance from the payload the
+    site was sent) has an L2 norm above this many times the round's median update norm;
+    the round's uploads are then held until all arrived."""
+
+
 class RunConfig(_Strict):
     """A whole run: data, method, training, evaluation and engine settings."""
 
@@ -191,6 +207,8 @@ class RunConfig(_Strict):
     tracking: TrackingSettings = TrackingSettings()
     privacy: PrivacySettings = PrivacySettings()
     """Differential privacy of the released model (docs/privacy.md)."""
+    screening: ScreeningSettings = ScreeningSettings()
+    """Bounds on declared sample counts and update norms (off by default)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -1,18 +1,21 @@
 """Helpers of the Flower tests: tiny run configs and a direct (in-process) link to the sites.
 
 :class:`DirectLink` drives the real site handlers in this process (no Flower processes), so
-the protocol, validation and fault handling are tested fast; ``test_processes.py`` runs real
+the protocol, validation and fault handling are tested fast; :class:`FakeGrid` is a scripted
+Grid of :class:`Node` objects for the ServerApp's link; ``test_processes.py`` runs real
 ``flower-superlink`` / ``flower-supernode`` processes on loopback.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flwr.app import RecordDict
+from flwr.app import Error, Message, RecordDict
+from flwr.common.constant import ErrorCode
 
 from fedseg.config import RunConfig, parse_config
 from fedseg.engine.flower.link import Reply
@@ -101,6 +104,80 @@ def direct_link(
     st = FlowerSettings(run_dir=run_dir, poll_interval=0.01, join_timeout=0.05, **settings)
     sites = {n: SiteConfig(n, root, run_dir / "sites" / n) for n in SITES}
     return DirectLink(sites, run_config(cfg, st)), st
+
+
+def hello_of(site: str) -> dict[str, Any]:
+    """A valid hello of ``site`` (10 full-mask 32 px training samples, 1 channel, 2 classes)."""
+    return {
+        "site": site,
+        "annotation": "full",
+        "sparsity": "",
+        "num-train": 10,
+        "channels": 1,
+        "num-classes": 2,
+        "ndim": 2,
+        "ignore-index": 255,
+        "image-size": [32, 32],
+        "fedseg-version": "0",
+    }
+
+
+@dataclass
+class Node:
+    node_id: int
+    site: str
+    name: str = ""
+    """Name the node was registered under (empty: no registration)."""
+    answers: bool = True
+    online: bool = True
+    hello: dict[str, Any] = field(default_factory=dict)
+    """Fields of its hello that differ from :func:`hello_of`'s."""
+    public_key: bytes = b""
+
+
+class FakeGrid:
+    """Nodes answer hello with their site name and train with an echo of the envelope."""
+
+    def __init__(self, nodes: Iterable[Node]) -> None:
+        self.nodes = {n.node_id: n for n in nodes}
+        self.inbox: dict[str, Message] = {}
+        self.on_pull: Callable[[], None] | None = None
+
+    def get_nodes(self) -> list[Node]:
+        return [n for n in self.nodes.values() if n.online]
+
+    def get_node_ids(self) -> list[int]:
+        return [n.node_id for n in self.get_nodes()]
+
+    def push_messages(self, messages: Iterable[Message]) -> list[str]:
+        ids = []
+        for m in messages:
+            m.metadata.__dict__["_message_id"] = m.object_id
+            self.inbox[m.metadata.message_id] = m
+            ids.append(m.metadata.message_id)
+        return ids
+
+    def pull_messages(self, ids: Iterable[str]) -> list[Message]:
+        if self.on_pull:
+            self.on_pull()
+        out = []
+        for mid in list(ids):
+            msg = self.inbox.get(mid)
+            node = self.nodes[msg.metadata.dst_node_id] if msg else None
+            if msg is None or node is None or not node.answers or not node.online:
+                continue
+            del self.inbox[mid]
+            if msg.metadata.message_type == "query.hello":
+                body: RecordDict = content({**hello_of(node.site), **node.hello})
+            elif node.site == "broken":
+                out.append(
+                    Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, "boom"), reply_to=msg)
+                )
+                continue
+            else:
+                body = content(read_meta(msg.content))
+            out.append(Message(body, reply_to=msg))
+        return out
 
 
 def assert_same_metrics(ours: Mapping[str, Any], ref: Mapping[str, Any], tol: float) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -143,18 +143,7 @@ class RoundLoop:
             if self.secure:
                 uploaded = self._secure_sum(r, sent, agg, failures, comm["upload"])
             replies = () if self.secure else _in_order(self.link.train(r, sent), list(sent))
-            for s, reply in replies:
-                if isinstance(reply, Failure):
-                    failures[s] = reply
-                    continue
-                try:
-                    if not isinstance(reply, TrainReply):
-                        raise UploadError(f"site {s!r}: reply is no training reply")
-                    self.server.check_upload(s, reply.upload)
-                except UploadError as e:
-                    log.warning("round %d: rejected the upload of site %r: %s", r + 1, s, e.reason)
-                    failures[s] = f"rejected upload: {e.reason}"
-                    continue
+            for s, reply in self.server.screen(self._valid(r, replies, failures), failures):
                 comm["upload"][s] = _size(payload_size(reply.upload))
                 agg.add(s, reply.upload)
                 uploaded.append(s)
@@ -182,6 +171,28 @@ class RoundLoop:
             "attempts; the run stopped (model unchanged since the last checkpoint); fix the "
             "sites and resume the run"
         )
+
+    def _valid(
+        self,
+        r: int,
+        replies: Iterable[tuple[str, TrainReply | Failure]],
+        failures: dict[str, Failure],
+    ) -> Iterator[tuple[str, TrainReply]]:
+        """The training replies whose upload passes :meth:`ServerCore.check_upload`; the
+        other sites into ``failures`` with the reason."""
+        for s, reply in replies:
+            if isinstance(reply, Failure):
+                failures[s] = reply
+                continue
+            try:
+                if not isinstance(reply, TrainReply):
+                    raise UploadError(f"site {s!r}: reply is no training reply")
+                self.server.check_upload(s, reply.upload)
+            except UploadError as e:
+                log.warning("round %d: rejected the upload of site %r: %s", r + 1, s, e.reason)
+                failures[s] = f"rejected upload: {e.reason}"
+                continue
+            yield s, reply
 
     def _secure_sum(
         self,
@@ -308,7 +319,7 @@ class Federation:
             spec = self.link.federation(self.order, infos)
         method = make_method(cfg, spec)
         self.link.bind(method, run_uid)
-        server = ServerCore(method, cfg.train, cfg.seed)
+        server = ServerCore(method, cfg.train, cfg.seed, cfg.screening)
         self.loop = RoundLoop(server, self.link, self.policy, run_uid, list(spec.site_names))
         self.spec: FederationSpec = spec
         if not resume:

@@ -34,7 +34,7 @@ from fedseg.engine.flower.settings import FlowerSettings
 from fedseg.engine.flower.site import fedseg_version, method_for
 from fedseg.engine.link import Failure
 from fedseg.engine.loop import Federation, RoundCallback, RoundPolicy
-from fedseg.engine.server import build_spec, site_view, spec_to_json
+from fedseg.engine.server import build_spec, parse_hello, site_view, spec_to_json
 from fedseg.engine.worker import EvalReply, TrainReply
 from fedseg.errors import ConfigError, UploadError
 from fedseg.methods import FederationSpec, Method, Payload
@@ -95,7 +95,16 @@ class FlowerLink:
         self.weights: dict[str, float] = {}
 
     def announce(self, run_uid: str) -> dict[str, dict[str, Any]]:
-        infos = self.transport.announce(run_uid)
+        """The connected sites whose description is valid (:func:`parse_hello`); each other
+        site is left out, with a warning once per reason."""
+        infos: dict[str, dict[str, Any]] = {}
+        for s, info in self.transport.announce(run_uid).items():
+            try:
+                infos[s] = parse_hello(f"site {s!r}", info)
+            except UploadError as e:
+                if e.reason not in self._warned:
+                    log.warning("ignoring an invalid introduction: %s", e.reason)
+                    self._warned.add(e.reason)
         for s, info in infos.items():
             theirs = info.get("fedseg-version")
             if theirs != self._version and s not in self._warned:

@@ -3,9 +3,19 @@
 
 Sites are SuperNodes; the server knows them only by opaque node ids, so every new node is
 asked to introduce itself (a ``query.hello`` message) and answers with its site name and
-description. A node registered on the SuperLink under a name (``flwr supernode register
---name``) must claim exactly that site name. A SuperNode that restarts gets a new node id and
-simply replaces the old one of its site.
+description, every field checked (:func:`~fedseg.engine.server.parse_hello`). Who may serve
+a site:
+
+* A node registered on the SuperLink under a name (``flwr supernode register --name``, the
+  registration of SuperNode authentication) must claim exactly that site name, and the first
+  such node binds the site to its registered public key for the life of this server: a node
+  with another key is refused for that site, online or not.
+* A second node claiming a site whose node is online is refused (kept waiting): it is greeted
+  again once that node went offline, and may then take the site over (without
+  authentication a site name is only a claim).
+* A node that joins again (after a disconnect: with authentication under the same node id,
+  without it under a new one) must describe its site as before (sample count, annotation,
+  task); it then serves the site again.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ from fedseg.engine.flower.pulls import quick_pulls
 from fedseg.engine.flower.records import content, read_meta
 from fedseg.engine.flower.secagg import SecureSum, secure_sum
 from fedseg.engine.flower.settings import FlowerSettings, run_config_of
+from fedseg.engine.server import SPEC_KEYS, parse_hello
 from fedseg.errors import FedsegError, UploadError
 from fedseg.privacy.settings import PrivacySettings
 
@@ -50,9 +61,9 @@ class GridLink:
     """The :class:`~fedseg.engine.flower.link.Transport` over a Flower ``Grid``.
 
     New nodes are greeted (``query.hello``) whenever the server looks for sites, also while
-    it waits for a round's replies: a site that crashed and restarted shows up as a new node,
-    replaces its old one, and the reply the old node owed fails at once instead of at the
-    round timeout.
+    it waits for a round's replies: a site whose node went offline is served by the node that
+    claims it next (the same node coming back, or a restarted site's new node), and the
+    replies the old node owed fail at once instead of at the round timeout.
     """
 
     def __init__(self, grid: Grid, poll_interval: float = 0.5) -> None:
@@ -65,6 +76,10 @@ class GridLink:
         self.retry_at: dict[int, float] = {}
         self.gone: dict[int, str] = {}
         """Why a node no longer serves its site (for the replies it still owes)."""
+        self.keys: dict[str, bytes] = {}
+        """Site -> the registered public key bound to it (SuperNode authentication)."""
+        self.standby: dict[int, str] = {}
+        """Node -> the site it claims, served by another node that is still online."""
         self._hellos: dict[str, tuple[int, float, Any]] = {}
         """Pending hello message id -> (node id, deadline, node info)."""
 
@@ -77,8 +92,11 @@ class GridLink:
                 log.warning("site %r (node %d) went offline", site, nid)
                 self.gone[nid] = "node disconnected"
                 del self.site_node[site]
+        for nid, site in list(self.standby.items()):
+            if nid not in online or site not in self.site_node:
+                del self.standby[nid]  # the site is free: greeted again below
         waiting = {nid for nid, _, _ in self._hellos.values()}
-        known = set(self.site_node.values()) | self.banned | waiting | set(self.gone)
+        known = set(self.site_node.values()) | self.banned | waiting | set(self.standby)
         now = time.monotonic()
         new = [n for n in online if n not in known and self.retry_at.get(n, 0) <= now]
         if not new:
@@ -98,29 +116,50 @@ class GridLink:
                 self.banned.add(nid)
             return
         try:
-            info = read_meta(reply)
+            info = parse_hello(f"node {nid}", read_meta(reply))
         except UploadError as e:
             log.warning("node %d sent an invalid introduction: %s", nid, e.reason)
             self.banned.add(nid)
             return
-        site, registered = str(info.get("site", "")), getattr(node, "name", "")
-        if registered and registered != site:
-            log.error(
-                "node %d is registered as %r but claims to be site %r; ignored",
-                nid,
-                registered,
-                site,
-            )
+        site = info["site"]
+        refused = self._refusal(site, node, info)
+        if refused:
+            log.error("node %d claims site %r: %s; ignored", nid, site, refused)
             self.banned.add(nid)
             return
         old = self.site_node.get(site)
         if old is not None and old != nid:
-            log.info("site %r reconnected: node %d replaces node %d", site, nid, old)
-            self.gone[old] = f"site restarted (node {old} replaced by node {nid})"
-        else:
-            log.info("site %r joined as node %d", site, nid)
+            log.warning(
+                "node %d claims site %r, which node %d serves: refused while node %d is online",
+                nid,
+                site,
+                old,
+                old,
+            )
+            self.standby[nid] = site
+            return
+        key = _registered_key(node)
+        if key is not None:
+            self.keys[site] = key
+        again = site in self.infos
+        log.info("site %r %s as node %d", site, "joined again" if again else "joined", nid)
+        self.gone.pop(nid, None)
         self.site_node[site] = nid
         self.infos[site] = info
+
+    def _refusal(self, site: str, node: Any, info: Mapping[str, Any]) -> str:
+        """Why ``node`` may not serve ``site`` at all ('' when it may)."""
+        registered = getattr(node, "name", "")
+        if registered and registered != site:
+            return f"it is registered as {registered!r}"
+        bound = self.keys.get(site)
+        if bound is not None and _registered_key(node) != bound:
+            return "the site is bound to the registered key of the node that joined first"
+        before = self.infos.get(site, info)
+        changed = {k: (before[k], info[k]) for k in SPEC_KEYS if before[k] != info[k]}
+        if changed:
+            return f"it describes the site otherwise than when it joined: {changed}"
+        return ""
 
     def _pull(self, pending: dict[str, int]) -> dict[int, Reply]:
         """Replies to ``pending`` work messages (removed from it); handles hello replies."""
@@ -201,6 +240,13 @@ class GridLink:
         """One SecAgg+ round of the connected sites among ``bodies`` over the Grid."""
         nodes = {s: self.site_node[s] for s in bodies if s in self.site_node}
         return secure_sum(self.grid, bodies, nodes, weights, keys, r, settings, timeout)
+
+
+def _registered_key(node: Any) -> bytes | None:
+    """The public key of a node registered under a name (``flwr supernode register --name``,
+    SuperNode authentication); None for an unnamed node, whose key proves nothing."""
+    key = getattr(node, "public_key", b"")
+    return bytes(key) if getattr(node, "name", "") and key else None
 
 
 def _reply_of(msg: Message) -> Reply:
