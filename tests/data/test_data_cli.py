@@ -40,6 +40,11 @@ def test_synth_check_weak_labels_preview(tmp_path: Path) -> None:
     assert "block" in out and "sparse" in out and "not patient data" in out
     assert FederatedDataset.open(root).manifest.weak_labels.seed == 2
     assert "no problems" in run("check", root, "--batch-size", "2", "--labels", "weak")
+    gone = sorted((root / "sites" / "B" / "train" / "weak").glob("*.npy"))[0]
+    gone.unlink()  # one weak label of a weakly annotated site lost: found without --labels
+    out = run("check", root, code=1)
+    assert f"weak labels missing for {gone.stem}" in out
+    run("weak-labels", root, "--seed", "2")
     out = run("check", root, "--batch-size", "50", code=1)
     assert "fewer than the batch size 50" in out
     run("weak-labels", root, "--seed", "3", "--annotation", "A=box", "--box-to", "scribble")
@@ -74,6 +79,9 @@ def test_synth_without_weak_labels_and_errors(tmp_path: Path) -> None:
     assert FederatedDataset.open(root).manifest.weak_labels is None
     out = run("check", root, "--labels", "weak", code=1)
     assert "fedseg data weak-labels" in out
+    # by default the check asks for what the manifest declares: weak sites need weak labels
+    assert run("check", root, code=1) == out
+    assert "no problems" in run("check", root, "--labels", "full")
     out = run("synth", "--task", "faz", "--out", root, code=2)
     assert "error:" in out and "--overwrite" in out
     assert "unknown synthetic task 'retina'" in run(

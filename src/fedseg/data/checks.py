@@ -43,7 +43,9 @@ def check_federation(
     """Every problem of ``fed``: missing, extra, damaged or unreadable files, samples breaking
     the on-disk contract (dtypes, shapes, value ranges, label values, spacing; docs/data.md),
     spacing on only some samples, empty sites, train splits smaller than ``batch_size`` and,
-    when ``labels`` is ``weak``, weak labels that were never generated or are stale."""
+    when ``labels`` is ``weak`` (what ``fedseg data check`` checks unless told ``--labels
+    full``), weak labels that the manifest's annotations call for but were never generated,
+    are missing or are stale."""
     problems = _check_site_folders(fed)
     spacing: dict[str, dict[str, bool]] = {}
     for site in fed.manifest.sites:

@@ -222,7 +222,13 @@ def check(
     batch_size: Annotated[
         int | None, typer.Option(help="Flag train splits smaller than this.")
     ] = None,
-    labels: Annotated[str, typer.Option(help="'full', or 'weak' to require weak labels.")] = "full",
+    labels: Annotated[
+        str,
+        typer.Option(
+            help="'weak': every site whose manifest annotation is not full needs its weak "
+            "labels; 'full': skip weak labels (for runs with data.labels: full)."
+        ),
+    ] = "weak",
 ) -> None:
     """List every problem of a federation folder, one line each; exit status 1 if any."""
     from fedseg.data.checks import check_federation
