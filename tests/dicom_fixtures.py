@@ -49,6 +49,7 @@ def ct_series(
     positions: Sequence[Sequence[float]] | None = None,
     institution: str = "Hospital",
     patient: str = "P1",
+    series_uid: str | None = None,
 ) -> list[Dataset]:
     """Write ``hu`` ``(D, H, W)`` (Hounsfield units) as a CT series into ``folder`` (stored as
     pixel value = HU + 1024, RescaleIntercept -1024) and return its datasets in slice order.
@@ -58,7 +59,7 @@ def ct_series(
     folder.mkdir(parents=True, exist_ok=True)
     iop = np.asarray(orientation, float)
     normal = np.cross(iop[:3], iop[3:])
-    study, series, frame = generate_uid(), generate_uid(), generate_uid()
+    study, series, frame = generate_uid(), series_uid or generate_uid(), generate_uid()
     out = []
     for k, plane in enumerate(hu):
         uid = generate_uid()

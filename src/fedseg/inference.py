@@ -26,6 +26,7 @@ from torch import nn
 from fedseg.config import load_config
 from fedseg.data import FederatedDataset
 from fedseg.data.arrays import normalize_intensity, resize_image, resize_mask
+from fedseg.data.importers.common import apply_window, check_window
 from fedseg.data.importers.folder import IMAGE_EXTENSIONS
 from fedseg.data.importers.folder import read_image as read_image_file
 from fedseg.data.importers.nifti import NIFTI_EXTENSIONS
@@ -301,6 +302,9 @@ def window_labels(
 
 
 Fit = Literal["window", "resize"]
+Format = Literal["auto", "dicom-seg"]
+FORMATS: tuple[str, ...] = ("auto", "dicom-seg")
+"""Output formats: ``auto`` (PNG for images, NIfTI for volumes) or ``dicom-seg``."""
 
 
 def _is_nifti(path: Path) -> bool:
@@ -333,6 +337,8 @@ def predict_files(
     overlap: float = 0.5,
     axis: int = 2,
     batch_size: int = 4,
+    output_format: Format = "auto",
+    ct_window: tuple[float, float] | None = None,
 ) -> list[Path]:
     """Write a label map for every image and volume in ``folder`` into ``out``.
 
@@ -342,18 +348,33 @@ def predict_files(
     predicted by sliding windows of the training size (``fit="window"``) or resized to it
     (``fit="resize"``, for runs imported with resizing). Label maps go back to the input's
     size and orientation: ``<name>.png`` (uint8 labels) or ``<name>.nii.gz`` with the
-    input's affine and header.
+    input's affine and header. ``ct_window`` (LOW, HIGH in HU) scales volumes as the
+    importers' ``--ct-window`` did (give the window of the import).
+
+    ``output_format="dicom-seg"`` reads the DICOM image series in ``folder`` instead (any file
+    names), prepared as by ``import-dicom``, and writes one DICOM-SEG per series (named by the
+    first 12 digits of the SHA-256 of its UID, as the imported sample ids), referencing the
+    series, one segment per foreground class.
     """
     if fit not in ("window", "resize"):
         raise ConfigError(f"--fit must be window or resize, got {fit!r}")
     if axis not in (0, 1, 2):
         raise ConfigError(f"--axis must be 0, 1 or 2, got {axis}")
+    check_window(ct_window, "--ct-window")
+    if output_format not in FORMATS:
+        raise ConfigError(f"--format must be one of {FORMATS}, got {output_format!r}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    if output_format == "dicom-seg":
+        return _predict_dicom(
+            site_model, Path(folder), out, fit, overlap, axis, batch_size, ct_window
+        )
     written = []
     for path in input_files(Path(folder)):
         if _is_nifti(path):
-            written.append(_predict_volume(site_model, path, out, fit, overlap, axis, batch_size))
+            written.append(
+                _predict_volume(site_model, path, out, fit, overlap, axis, batch_size, ct_window)
+            )
         else:
             written.append(_predict_image(site_model, path, out, batch_size))
         log.info("%s -> %s", path.name, written[-1])
@@ -386,16 +407,12 @@ def _predict_image(sm: SiteModel, path: Path, out: Path, batch_size: int) -> Pat
     return target
 
 
-def _predict_volume(
-    sm: SiteModel, path: Path, out: Path, fit: Fit, overlap: float, axis: int, batch_size: int
-) -> Path:
-    import nibabel as nib
-
+def _volume_labels(
+    sm: SiteModel, volume: np.ndarray, fit: Fit, overlap: float, batch_size: int
+) -> np.ndarray:
+    """uint8 label map of a scaled volume ``(D, H, W)`` (depth axis first): slice by slice
+    (2D models, each slice resized), by sliding windows or resized (3D models, ``fit``)."""
     info = sm.info
-    canon, data = load_ras_volume(path, "image")  # a damaged file is named as such first
-    _check_channels(info, path, 1)
-    order = [axis] + [a for a in range(3) if a != axis]
-    volume = normalize_intensity(np.transpose(data, order))
     if info.ndim == 2:
         slices = np.stack([resize_image(s[None], info.spatial_shape) for s in volume])
         labels = sm.label_maps(torch.from_numpy(slices), batch_size).numpy()
@@ -406,7 +423,68 @@ def _predict_volume(
     else:
         x = torch.from_numpy(volume[None])
         labels = window_labels(sm, x, overlap, batch_size).numpy()
-    ras = np.transpose(labels.astype(np.uint8), np.argsort(order))
+    return labels.astype(np.uint8)
+
+
+def _predict_dicom(
+    sm: SiteModel,
+    folder: Path,
+    out: Path,
+    fit: Fit,
+    overlap: float,
+    axis: int,
+    batch_size: int,
+    ct_window: tuple[float, float] | None,
+) -> list[Path]:
+    """A DICOM-SEG ``<series hash>.dcm`` for every image series in ``folder``, the volume
+    prepared as ``import-dicom`` prepares it and the labels put back on the series' grid."""
+    from fedseg import __version__
+    from fedseg.data.importers.dicom import dicom_volume, read_series
+    from fedseg.data.importers.dicom_seg import write_seg
+    from fedseg.data.importers.dicom_series import from_ras, series_hash
+
+    if not folder.is_dir():
+        raise DataError(f"--input {folder}: no such folder")
+    found = read_series(folder)
+    if not found:
+        raise DataError(f"--input {folder}: no DICOM image series (--format dicom-seg)")
+    order = [axis] + [a for a in range(3) if a != axis]
+    written = []
+    for series in found:
+        _check_channels(sm.info, series.paths[0], 1)
+        volume, _, ornt = dicom_volume(series, axis, ct_window)
+        labels = _volume_labels(sm, volume, fit, overlap, batch_size)
+        grid = from_ras(np.transpose(labels, np.argsort(order)), ornt)
+        target = out / f"{series_hash(series.uid)[:12]}.dcm"
+        name = f"fedseg {sm.info.method} ({sm.info.site})"
+        written.append(
+            write_seg(
+                grid, series, sm.info.class_names, target, algorithm=name, version=__version__
+            )
+        )
+        log.info("%s -> %s", series.name, target)
+    return written
+
+
+def _predict_volume(
+    sm: SiteModel,
+    path: Path,
+    out: Path,
+    fit: Fit,
+    overlap: float,
+    axis: int,
+    batch_size: int,
+    ct_window: tuple[float, float] | None,
+) -> Path:
+    import nibabel as nib
+
+    canon, data = load_ras_volume(path, "image")  # a damaged file is named as such first
+    _check_channels(sm.info, path, 1)
+    order = [axis] + [a for a in range(3) if a != axis]
+    volume = np.transpose(data, order)
+    volume = normalize_intensity(volume) if ct_window is None else apply_window(volume, ct_window)
+    labels = _volume_labels(sm, volume, fit, overlap, batch_size)
+    ras = np.transpose(labels, np.argsort(order))
     original = nib.load(path)
     ornt = nib.orientations.ornt_transform(
         nib.orientations.io_orientation(canon.affine),

@@ -126,9 +126,8 @@ def find_objects(files: Iterable[Path]) -> DicomObjects:
     for path in sorted(files):
         if not path.is_file():
             continue
-        try:
-            ds = pydicom.dcmread(path, stop_before_pixels=True)
-        except (InvalidDicomError, EOFError, OSError, ValueError):
+        ds = _header(path)
+        if ds is None:
             continue
         modality = str(ds.get("Modality", ""))
         if modality in ANNOTATION_MODALITIES:
@@ -142,6 +141,20 @@ def find_objects(files: Iterable[Path]) -> DicomObjects:
             _check_decoder(path, ds)
             images.setdefault(str(ds.SeriesInstanceUID), []).append((path, ds))
     return DicomObjects(images, annotations)
+
+
+def _header(path: Path) -> Dataset | None:
+    """The header of the DICOM file ``path`` (also one without the 'DICM' preamble, as older
+    files are), or None when it is no DICOM object."""
+    for force in (False, True):
+        try:
+            ds = pydicom.dcmread(path, stop_before_pixels=True, force=force)
+        except InvalidDicomError:
+            continue
+        except Exception:  # forced reads of other files fail in many ways
+            return None
+        return ds if "SOPClassUID" in ds and "Modality" in ds else None
+    return None
 
 
 def _check_decoder(path: Path, ds: Dataset) -> None:
