@@ -93,6 +93,17 @@ def _assignments(items: list[str] | None, what: str) -> dict[str, str]:
     return parse_assignments(items or [], what)
 
 
+def _per_site(items: list[str] | None, what: str, default: str) -> tuple[str, dict[str, str]]:
+    """``["images", "B=Original"]`` -> ``("images", {"B": "Original"})``: a plain value sets
+    every site's, ``SITE=VALUE`` one site's."""
+    plain = [i for i in items or [] if "=" not in i]
+    if len(plain) > 1:
+        raise DataError(f"{what} takes one value for all sites (others as SITE=VALUE), got {plain}")
+    return (plain[0] if plain else default), _assignments(
+        [i for i in items or [] if "=" in i], what
+    )
+
+
 def _ints(text: str, what: str) -> list[int]:
     try:
         return [int(v) for v in text.split(",")]
@@ -317,8 +328,34 @@ def import_folder_cmd(
     mapping: Annotated[str, typer.Option(help="Mask grey level -> class, e.g. 0=0,128=2,255=1.")],
     size: Annotated[str, typer.Option(help="Output size: S or H,W.")] = "256",
     channels: Annotated[int, typer.Option(help="1 (grey) or 3 (RGB).")] = 3,
-    images_dir: Annotated[str, typer.Option(help="Image sub-folder of a site.")] = "images",
-    masks_dir: Annotated[str, typer.Option(help="Mask sub-folder of a site.")] = "masks",
+    images_dir: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Image sub-folder of a site (images); SITE=DIR for one site, repeatable."
+        ),
+    ] = None,
+    masks_dir: Annotated[
+        list[str] | None,
+        typer.Option(help="Mask sub-folder of a site (masks); SITE=DIR for one site, repeatable."),
+    ] = None,
+    mask_prefix: Annotated[
+        list[str] | None,
+        typer.Option(help="Masks named <prefix><id> (any case); SITE=PREFIX for one site."),
+    ] = None,
+    mask_suffix: Annotated[
+        list[str] | None,
+        typer.Option(help="Masks named <id><suffix> (any case); SITE=SUFFIX for one site."),
+    ] = None,
+    weak_dir: Annotated[
+        list[str] | None,
+        typer.Option(help="SITE=DIR: weak labels <id>.png in DIR beside the masks, repeatable."),
+    ] = None,
+    weak_mapping: Annotated[
+        str | None,
+        typer.Option(
+            help="Weak-label grey level -> class or 255 (unlabeled), e.g. 0=0,127=1,254=255."
+        ),
+    ] = None,
     tolerance: Annotated[int, typer.Option(help="Accepted grey-level drift (JPEG).")] = 0,
     region: Annotated[
         list[str] | None, typer.Option(help="NAME=c1,c2 evaluation region, repeatable.")
@@ -341,6 +378,16 @@ def import_folder_cmd(
             k: _ints(v, f"--region {k}") for k, v in _assignments(region, "--region").items()
         }
         h, w = _sizes(size, 2, "--size")
+        layout = {
+            "images_dir": _per_site(images_dir, "--images-dir", "images"),
+            "masks_dir": _per_site(masks_dir, "--masks-dir", "masks"),
+            "mask_prefix": _per_site(mask_prefix, "--mask-prefix", ""),
+            "mask_suffix": _per_site(mask_suffix, "--mask-suffix", ""),
+        }
+        site_layout: dict[str, dict[str, str]] = {}
+        for key, (_, sites) in layout.items():
+            for site, value in sites.items():
+                site_layout.setdefault(site, {})[key] = value
         with _progress("importing images") as progress:
             m = import_folder(
                 src,
@@ -349,8 +396,10 @@ def import_folder_cmd(
                 mapping=parse_levels(mapping),
                 size=(h, w),
                 channels=channels,
-                images_dir=images_dir,
-                masks_dir=masks_dir,
+                **{key: default for key, (default, _) in layout.items()},
+                site_layout=site_layout,
+                weak_dirs=_assignments(weak_dir, "--weak-dir"),
+                weak_mapping=parse_levels(weak_mapping) if weak_mapping else None,
                 tolerance=tolerance,
                 test_fraction=test_fraction,
                 val_fraction=val_fraction,

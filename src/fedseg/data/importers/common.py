@@ -13,6 +13,7 @@ from fedseg.data.manifest import Annotation, check_annotations
 from fedseg.errors import DataError
 
 __all__ = [
+    "ANY_LEVEL",
     "apply_window",
     "assign_splits",
     "check_window",
@@ -55,11 +56,13 @@ def find_pairs(
     extensions: Sequence[str],
     mask_suffix: str = "",
     mask_prefix: str = "",
+    mask_extensions: Sequence[str] | None = None,
 ) -> list[tuple[str, Path, Path]]:
     """Pair images with masks in ``folder``: ``<images_dir>/<id>.*`` with
     ``<masks_dir>/<mask_prefix><id><mask_suffix>.*``, or, when those folders do not exist and
     a ``mask_suffix`` is given, ``<id>.*`` with ``<id><mask_suffix>.*`` side by side. Prefix
-    and suffix match whatever their case (``_Segmentation`` finds ``_segmentation``).
+    and suffix match whatever their case (``_Segmentation`` finds ``_segmentation``); masks
+    have ``mask_extensions`` (default: ``extensions``).
 
     Raises:
         DataError: a missing sub-folder, no images, or an image without its mask or a mask
@@ -73,7 +76,8 @@ def find_pairs(
     if not mask_dir.is_dir():
         raise DataError(f"{folder}: has {images_dir}/ but no {masks_dir}/; expected both")
     files = [p for p in img_dir.iterdir() if _has_ext(p, extensions)]
-    mask_files = [p for p in mask_dir.iterdir() if _has_ext(p, extensions)]
+    mask_extensions = extensions if mask_extensions is None else mask_extensions
+    mask_files = [p for p in mask_dir.iterdir() if _has_ext(p, mask_extensions)]
     side_by_side = img_dir == mask_dir
     if side_by_side:
         mask_files = [p for p in mask_files if _mask_id(stem(p), mask_prefix, mask_suffix, True)]
@@ -96,7 +100,7 @@ def find_pairs(
             masks[k] for k in set(images) & set(masks)
         }
         others = sorted(
-            stem(p) for p in mask_dir.iterdir() if _has_ext(p, extensions) and p not in paired
+            stem(p) for p in mask_dir.iterdir() if _has_ext(p, mask_extensions) and p not in paired
         )
         near = {k: _near(k, f"{mask_prefix}{k}{mask_suffix}", others) for k in lonely[:5]}
         hints = [f"{k} ~ {m}" for k, m in near.items() if m]
@@ -172,33 +176,43 @@ def parse_assignments(items: Iterable[str], what: str) -> dict[str, str]:
     return out
 
 
+ANY_LEVEL = -1
+"""Key of the mapping entry ``*=CLASS``: every value not near a listed level (instance ids)."""
+
+
 def parse_levels(text: str) -> dict[int, int]:
-    """``"0=0,128=1,255=2"`` -> grey level to class mapping."""
+    """``"0=0,128=1,255=2"`` -> grey level to class mapping; ``*=1`` maps every other value
+    (key ``ANY_LEVEL``), e.g. ``0=0,*=1`` for instance-labelled nuclei masks."""
     mapping = {}
     for item in text.split(","):
-        level, sep, cls = item.strip().partition("=")
-        if not sep or not level.strip().isdigit() or not cls.strip().isdigit():
-            raise DataError(f"mapping entries must look like LEVEL=CLASS, got {item!r} in {text!r}")
-        mapping[int(level)] = int(cls)
+        level, sep, cls = (part.strip() for part in item.partition("="))
+        if not sep or not (level.isdigit() or level == "*") or not cls.isdigit():
+            raise DataError(
+                f"mapping entries must look like LEVEL=CLASS or *=CLASS, got {item!r} in {text!r}"
+            )
+        mapping[ANY_LEVEL if level == "*" else int(level)] = int(cls)
     return mapping
 
 
 def map_levels(mask: np.ndarray, mapping: dict[int, int], tolerance: int, where: str) -> np.ndarray:
     """Map mask values to classes: each value goes to the nearest mapped level within
-    ``tolerance`` (JPEG masks drift a little); any other value is an error, never dropped."""
-    levels = np.asarray(sorted(mapping))
+    ``tolerance`` (JPEG masks drift a little); any other value goes to ``mapping[ANY_LEVEL]``
+    when given, else is an error, never dropped."""
+    levels = np.asarray(sorted(k for k in mapping if k != ANY_LEVEL))
     values = np.unique(mask)
+    if not len(levels):
+        return np.full(mask.shape, mapping[ANY_LEVEL], np.uint8)
     nearest = levels[np.abs(values[:, None].astype(np.int64) - levels[None]).argmin(axis=1)]
-    far = values[np.abs(values.astype(np.int64) - nearest) > tolerance]
-    if len(far):
+    far = np.abs(values.astype(np.int64) - nearest) > tolerance
+    if far.any() and ANY_LEVEL not in mapping:
         raise DataError(
-            f"{where}: values {far[:10].tolist()} are not within {tolerance} of the mapped "
-            f"levels {levels.tolist()}; add them to the mapping (or raise the tolerance)"
+            f"{where}: values {values[far][:10].tolist()} are not within {tolerance} of the "
+            f"mapped levels {levels.tolist()}; add them to the mapping (or raise the tolerance, "
+            "or map all others with *=CLASS)"
         )
-    lut = {int(v): mapping[int(n)] for v, n in zip(values, nearest, strict=True)}
     out = np.zeros(mask.shape, np.uint8)
-    for value, cls in lut.items():
-        out[mask == value] = cls
+    for value, level, other in zip(values, nearest, far, strict=True):
+        out[mask == value] = mapping[ANY_LEVEL] if other else mapping[int(level)]
     return out
 
 
