@@ -91,7 +91,8 @@ def dicom_volume(
     image = normalize_intensity(raw) if ct_window is None else apply_window(raw, ct_window)
     ras, zooms, ornt = to_ras(image, series.affine)
     order = [axis] + [a for a in range(3) if a != axis]
-    return np.transpose(ras, order), tuple(float(zooms[a]) for a in order), ornt
+    volume = np.ascontiguousarray(np.transpose(ras, order))
+    return volume, tuple(float(zooms[a]) for a in order), ornt
 
 
 def import_dicom(
