@@ -9,10 +9,18 @@ from typing import Any
 
 import yaml
 
-from fedseg.config import from_run_dump
+from fedseg.engine.rundir import RunDir
 from fedseg.errors import ConfigError
 
-__all__ = ["Run", "SiteFacts", "flat_config", "load_run", "read_rounds", "site_facts"]
+__all__ = [
+    "Run",
+    "SiteFacts",
+    "flat_config",
+    "load_run",
+    "read_results",
+    "read_rounds",
+    "site_facts",
+]
 
 
 @dataclass(frozen=True)
@@ -55,29 +63,55 @@ def load_run(run_dir: Path) -> Run:
     """Read a finished run directory.
 
     Raises:
-        ConfigError: no ``results.json`` (the run is unfinished) or an unreadable file.
+        ConfigError: no ``results.json`` (the run is unfinished) or an unreadable file,
+            naming it (and the line of a damaged round record).
     """
-    run_dir = Path(run_dir)
-    path = run_dir / "results.json"
-    if not path.is_file():
-        raise ConfigError(f"{run_dir}: no results.json (is the run finished?)")
+    rd = RunDir(Path(run_dir))
+    if not rd.results_json.is_file():
+        raise ConfigError(f"{rd.path}: no results.json (is the run finished?)")
+    results = read_results(rd.results_json)
+    config = rd.stored_config() if rd.config.is_file() else {}
+    return Run(rd.path, config, results, rd.rounds())
+
+
+def read_results(path: Path) -> dict[str, Any]:
+    """A run's ``results.json``; ConfigError naming ``path`` where it is cut off, not JSON,
+    or lacks the per-site and average metrics (``{metric: {region: value}}``)."""
     try:
-        results = json.loads(path.read_text())
-        cfg_path = run_dir / "config.yaml"
-        config = (
-            from_run_dump(yaml.safe_load(cfg_path.read_text()) or {}) if cfg_path.is_file() else {}
+        results = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path}: unreadable results ({e})") from None
+    if not isinstance(results, dict):
+        raise ConfigError(f"{path}: expected a mapping of results, got {type(results).__name__}")
+    sites = results.get("sites")
+    if not isinstance(sites, dict):
+        raise ConfigError(f"{path}: sites: expected {{site: {{metric: {{region: number}}}}}}")
+    blocks = {f"sites.{site}": block for site, block in sites.items()}
+    for where, block in ({"average": results.get("average")} | blocks).items():
+        if sites and not _metric_block(block):
+            raise ConfigError(f"{path}: {where}: expected {{metric: {{region: number}}}}")
+    return results
+
+
+def _metric_block(block: object) -> bool:
+    """Whether ``block`` is ``{metric: {region: number or null}}``, neither empty."""
+    return (
+        isinstance(block, dict)
+        and bool(block)
+        and all(
+            isinstance(regions, dict)
+            and bool(regions)
+            and all(v is None or isinstance(v, int | float) for v in regions.values())
+            for regions in block.values()
         )
-    except (json.JSONDecodeError, yaml.YAMLError) as e:
-        raise ConfigError(f"{run_dir}: unreadable run file: {e}") from e
-    return Run(run_dir, config or {}, results, read_rounds(run_dir))
+    )
 
 
 def read_rounds(run_dir: Path) -> list[dict[str, Any]]:
-    """The records of ``run_dir/rounds.jsonl`` ([] when the file is missing)."""
-    path = Path(run_dir) / "rounds.jsonl"
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The records of ``run_dir/rounds.jsonl`` ([] when the file is missing): a cut-off
+    last line (a crash while appending) is skipped with a warning, as ``--resume`` does; a
+    damaged line before it is a ConfigError naming the file and line."""
+    return RunDir(Path(run_dir)).rounds()
 
 
 def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:

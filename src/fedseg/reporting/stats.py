@@ -9,6 +9,7 @@ points (the papers' unit), distances as written.
 from __future__ import annotations
 
 import csv
+import io
 import math
 import statistics
 from collections import defaultdict
@@ -19,7 +20,9 @@ from pathlib import Path
 import numpy as np
 from scipy import stats as sps
 
+from fedseg.engine.rundir import CASES_COLUMNS
 from fedseg.errors import ConfigError
+from fedseg.reporting.runs import read_results
 
 __all__ = [
     "ALPHA",
@@ -31,6 +34,7 @@ __all__ = [
     "case_values",
     "holm",
     "paired",
+    "read_cases",
     "seed_mean",
     "seed_summary",
 ]
@@ -49,20 +53,60 @@ def _scale(metric: str) -> float:
     return 100.0 if metric in HIGHER_IS_BETTER else 1.0
 
 
-def case_values(path: Path, metric: str) -> dict[CaseKey, float]:
-    """Per test case, the mean over regions of ``metric`` in ``path`` (a run's cases.csv), in
-    the papers' units; NaN where a region's value is missing."""
-    by_case: dict[CaseKey, list[float]] = defaultdict(list)
+def read_cases(path: Path) -> list[tuple[str, str, str, str, float]]:
+    """``(site, case id, region, metric, value)`` per line of a run's ``cases.csv`` (NaN
+    where a value is undefined). ConfigError naming ``path`` (and the line) where the file
+    is cut off, a line is damaged or a value is no number, a case lacks some of the
+    region-metric values the others have, or a site has fewer cases than the run's
+    ``results.json`` beside it counts."""
     try:
-        with path.open(newline="") as f:
-            for rec in csv.DictReader(f):
-                if rec["metric"] == metric:
-                    v = rec["value"]
-                    by_case[(rec["site"], rec["id"])].append(
-                        math.nan if v in ("", "nan", "None") else float(v)
-                    )
-    except (OSError, KeyError) as e:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: cannot read per-case metrics ({e})") from None
+    if not text.endswith("\n"):
+        raise ConfigError(f"{path}: cut off (its last line has no line end); run it again")
+    reader = csv.reader(io.StringIO(text))
+    if tuple(next(reader, ())) != CASES_COLUMNS:
+        raise ConfigError(f"{path}:1: expected the header {','.join(CASES_COLUMNS)}")
+    out, items = [], defaultdict(set)
+    for fields in reader:
+        if len(fields) != len(CASES_COLUMNS):
+            raise ConfigError(
+                f"{path}:{reader.line_num}: expected {len(CASES_COLUMNS)} values, got {len(fields)}"
+            )
+        site, case, cid, region, metric, v = fields
+        try:
+            value = math.nan if v in ("", "None") else float(v)
+        except ValueError:
+            raise ConfigError(f"{path}:{reader.line_num}: value {v!r} is no number") from None
+        out.append((site, cid, region, metric, value))
+        items[(site, case)].add((region, metric))
+    every = set().union(*items.values())
+    for (site, case), have in items.items():
+        if have != every:
+            raise ConfigError(
+                f"{path}: site {site!r} case {case} lacks values the other cases have "
+                f"(e.g. {min(every - have)}; cut off?)"
+            )
+    counted = path.with_name("results.json")
+    expected = read_results(counted).get("cases") if counted.is_file() else None
+    for site, n in (expected or {}).items():
+        found = sum(s == site for s, _ in items)
+        if found != n:
+            raise ConfigError(
+                f"{path}: {found} test cases of site {site!r}, {counted.name} counts {n} (cut off?)"
+            )
+    return out
+
+
+def case_values(path: Path, metric: str) -> dict[CaseKey, float]:
+    """Per test case, the mean over regions of ``metric`` in ``path`` (a run's cases.csv,
+    read by :func:`read_cases`), in the papers' units; NaN where a region's value is
+    missing."""
+    by_case: dict[CaseKey, list[float]] = defaultdict(list)
+    for site, cid, _, m, value in read_cases(path):
+        if m == metric:
+            by_case[(site, cid)].append(value)
     if not by_case:
         raise ConfigError(f"{path}: no values of metric {metric!r}")
     scale = _scale(metric)
