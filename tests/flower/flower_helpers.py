@@ -131,7 +131,7 @@ class Node:
     answers: bool = True
     online: bool = True
     hello: dict[str, Any] = field(default_factory=dict)
-    """Fields of its hello that differ from :func:`hello_of`'s."""
+    """Fields of its hello that differ from :func:`hello_of`'s (None: left out)."""
     public_key: bytes = b""
 
 
@@ -168,7 +168,8 @@ class FakeGrid:
                 continue
             del self.inbox[mid]
             if msg.metadata.message_type == "query.hello":
-                body: RecordDict = content({**hello_of(node.site), **node.hello})
+                hello = {**hello_of(node.site), **node.hello}
+                body: RecordDict = content({k: v for k, v in hello.items() if v is not None})
             elif node.site == "broken":
                 out.append(
                     Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, "boom"), reply_to=msg)
