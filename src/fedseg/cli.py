@@ -329,7 +329,10 @@ def export(
 
 @app.command()
 def predict(
-    source: Annotated[Path, typer.Argument(help="Run directory, or a <site>.pt from export.")],
+    source: Annotated[
+        Path,
+        typer.Argument(help="Run directory, or a <site>.pt (or its <site>.onnx) from export."),
+    ],
     input_: Annotated[
         Path,
         typer.Option("--input", help="Folder of PNG/JPG images, NIfTI volumes or DICOM series."),

@@ -94,17 +94,34 @@ def _rebuildable(
     return bool(torch.equal(rebuilt.label_maps(probe), sm.label_maps(probe)))
 
 
-def load_exported(path: str | Path, device: torch.device | str = "cpu") -> SiteModel:
-    """The model of an export: the method's network with the saved weights, or (when those
-    do not reproduce the evaluation model) the ONNX file beside it, run by onnxruntime."""
-    path = Path(path)
+def _read_record(path: Path) -> dict[str, Any]:
     try:
         record = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # any unreadable or unsafe file
         raise DataError(f"{path}: not readable as a fedseg export ({e})") from None
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise DataError(f"{path}: not a fedseg export (expected format {FORMAT!r})")
-    info, device = ModelInfo.from_dict(record["info"]), torch.device(device)
+    return record
+
+
+def load_exported(path: str | Path, device: torch.device | str = "cpu") -> SiteModel:
+    """The model of an export: the method's network with the saved weights, or (when those
+    do not reproduce the evaluation model, or ``path`` is the ``.onnx`` file) the ONNX file,
+    run by onnxruntime; an ONNX file takes its class names and training size from the
+    ``.pt`` that export wrote beside it."""
+    path, device = Path(path), torch.device(device)
+    if path.suffix.lower() == ".onnx":
+        pt = path.with_suffix(".pt")
+        if not pt.is_file():
+            raise DataError(
+                f"{path}: an ONNX file alone lacks the class names and training size that "
+                f"predict needs; keep {pt.name} (written beside it by fedseg export) there, "
+                "or pass the .pt or the run directory"
+            )
+        info = ModelInfo.from_dict(_read_record(pt)["info"])
+        return SiteModel(OnnxLabelMaps(path), labels_of, info, device)
+    record = _read_record(path)
+    info = ModelInfo.from_dict(record["info"])
     cfg = parse_config(from_run_dump(record["config"]), str(path))
     spec = spec_from_json(record["spec"])
     method = make_method(cfg, spec)

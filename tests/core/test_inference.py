@@ -4,6 +4,7 @@ export (state dict, ONNX) and predict (PNG, NIfTI, sliding windows) on new files
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import cv2
@@ -20,7 +21,7 @@ from fedseg.errors import ConfigError, DataError, FedsegError
 from fedseg.export import export_run, load_exported
 from fedseg.inference import RunModels, predict_files, window_labels
 from fedseg.metrics import MetricAccumulator
-from fedseg.onnx_model import MAX_DISAGREEMENT
+from fedseg.onnx_model import MAX_DISAGREEMENT, OnnxLabelMaps
 
 cli = CliRunner()
 
@@ -133,6 +134,19 @@ def test_export_state_dict_and_onnx_reproduce_the_site_model(fundus_runs, tmp_pa
             assert got.shape == tuple(want[:n].shape)
             assert (torch.from_numpy(got) == want[:n]).float().mean() >= 1 - MAX_DISAGREEMENT
     assert len(labels) > 1  # the maps hold more than background: the comparison is not vacuous
+    # the .onnx file itself predicts (class names and training size from the .pt beside it)
+    by_onnx = load_exported(out / "A.onnx")
+    assert isinstance(by_onnx.model, OnnxLabelMaps) and by_onnx.info.site == "A"
+    images = models.sites["A"].test_images
+    agree = by_onnx.label_maps(images) == models.site_model("A").label_maps(images)
+    assert agree.float().mean() >= 1 - MAX_DISAGREEMENT
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    shutil.copy(out / "A.onnx", alone / "A.onnx")
+    res = cli.invoke(
+        app, ["predict", str(alone / "A.onnx"), "--input", str(alone), "--out", str(tmp_path)]
+    )
+    assert res.exit_code == 2 and "ONNX file alone" in res.output and "A.pt" in res.output
 
 
 def test_export_of_global_model(fundus_runs, tmp_path):
