@@ -222,6 +222,13 @@ def reproduce(
             "folder (with --budget evidence)."
         ),
     ] = False,
+    rerun: Annotated[
+        bool,
+        typer.Option(
+            help="Train the chosen rows' runs afresh and replace their kept files in the "
+            "evidence folder (kept runs are otherwise never replaced; docs/reproduce.md)."
+        ),
+    ] = False,
 ) -> None:
     """Run every row of a paper table at a budget; render it beside the published numbers
     with statistics over seeds and a verdict per claim of the paper."""
@@ -265,6 +272,7 @@ def reproduce(
             command=None if render_only else shlex.join(["fedseg", *_without_rows(sys.argv[1:])]),
             workers=jobs,
             render_only=render_only,
+            rerun=rerun,
         )
     except FedsegError as e:
         fail(e)
@@ -279,16 +287,16 @@ def reproduce(
 
 
 def _without_rows(args: list[str]) -> list[str]:
-    """``args`` without ``--row`` and ``--jobs`` items: an evidence page shows every row with
-    kept runs, and the number of processes does not change them, so the command that
-    reproduces it is the whole table's."""
+    """``args`` without ``--row``, ``--jobs`` and ``--rerun`` items: an evidence page shows
+    every row with kept runs, and the number of processes or a rerun does not change them, so
+    the command that reproduces it is the whole table's."""
     out, skip = [], False
     for a in args:
         if skip:
             skip = False
         elif a in ("--row", "--jobs"):
             skip = True
-        elif not a.startswith(("--row=", "--jobs=")):
+        elif a != "--rerun" and not a.startswith(("--row=", "--jobs=")):
             out.append(a)
     return out
 
@@ -380,6 +388,8 @@ def predict(
 
     try:
         dev = resolve_device(device, "--device")
+        if not source.exists():
+            raise ConfigError(f"{source}: no such run directory or exported model")
         if source.is_file():
             model = load_exported(source, dev)
             if site is not None and site != model.info.site:

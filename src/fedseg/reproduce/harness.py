@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -28,6 +29,7 @@ import yaml
 from fedseg.config import RunConfig, apply_overrides, parse_config
 from fedseg.configs import resolve_config
 from fedseg.errors import ConfigError
+from fedseg.reporting.runs import read_results
 from fedseg.reproduce.evidence import write_index, write_table
 from fedseg.reproduce.papers import Paper, PaperRow, PaperTable, load_paper
 from fedseg.reproduce.rows import Reproduction, RowResult
@@ -36,6 +38,7 @@ from fedseg.reproduce.runs import (
     Job,
     finished_run,
     keep_run,
+    require_readable,
     run_config,
     run_jobs,
     stored_config,
@@ -53,6 +56,8 @@ __all__ = [
     "reproduce",
     "run_config",
 ]
+
+log = logging.getLogger(__name__)
 
 BUDGETS: dict[str, dict[str, Any]] = {
     "smoke": {
@@ -139,7 +144,14 @@ def reuse_kept_elsewhere(kept: Path, root: Path, paper: str, cfg: RunConfig) -> 
     or None when there is none. The copy names its source in :data:`ORIGIN_FILE`.
     (Calibration runs never match: they evaluate on the validation split.)"""
     for source in sorted(root.glob(f"{paper}-*/runs/*/{kept.name}")):
-        if source.resolve() != kept.resolve() and finished_run(source, cfg):
+        if source.resolve() == kept.resolve():
+            continue
+        try:
+            require_readable(source)
+        except ConfigError as e:
+            log.warning("not copied: %s", e.reason)
+            continue
+        if finished_run(source, cfg):
             keep_run(source, kept)
             origin = source.relative_to(root).as_posix()
             (kept / ORIGIN_FILE).write_text(
@@ -198,6 +210,7 @@ def reproduce(
     command: str | None = None,
     workers: int = 1,
     render_only: bool = False,
+    rerun: bool = False,
 ) -> Reproduction:
     """Run the rows of ``paper``'s ``table`` (all, or those named in ``rows`` by label or
     1-based index) ``seeds`` times each at ``budget``; ``overrides`` (``key=value``) come
@@ -211,9 +224,13 @@ def reproduce(
     runs at once in worker processes (:func:`~fedseg.reproduce.runs.run_jobs`).
     ``on_run(name, results, seconds)`` is called after each run. ``render_only`` trains
     nothing: the evidence page is rendered again from the runs kept there
-    (:func:`kept_runs`)."""
+    (:func:`kept_runs`). A kept run is never replaced unless ``rerun`` (then the chosen
+    rows' runs are all trained afresh and their kept files replaced); one that cannot be
+    read stops the table before anything trains (:func:`~.runs.require_readable`)."""
     if seeds < 1:
         raise ConfigError(f"--seeds {seeds}: must be at least 1")
+    if evidence is not None and evidence.exists() and not evidence.is_dir():
+        raise ConfigError(f"--evidence {evidence}: is a file, expected a folder")
     p = load_paper(paper)
     t = p.table(table)
     budget_set = budget_overrides(budget, p, t)
@@ -230,6 +247,11 @@ def reproduce(
         return rep
     chosen = _select(t, rows)
     done: dict[str, RowResult] = {}
+    if evidence is not None:  # every kept run the page reads, before anything trains
+        for r in t.rows:
+            if not (rerun and r in chosen):
+                for name, *_ in _seed_runs(r, budget, budget_set, overrides, seeds):
+                    require_readable(evidence / "runs" / name)
 
     def page() -> Reproduction:
         """The finished rows: the ones run here and, on an evidence page, every other row of
@@ -244,7 +266,7 @@ def reproduce(
         for name, _, cfg, _ in _seed_runs(row, budget, budget_set, overrides, seeds):
             kept = evidence / "runs" / name if evidence else None
             if kept is not None and finished_run(kept, cfg):
-                result.results.append(json.loads((kept / "results.json").read_text()))
+                result.results.append(read_results(kept / "results.json"))
                 result.dirs.append(kept)
                 result.configs.append(cfg.model_dump(mode="json"))
         return result if result.results else None
@@ -254,10 +276,11 @@ def reproduce(
     for row in chosen:
         for name, run_raw, cfg, path in _seed_runs(row, budget, budget_set, overrides, seeds):
             kept = evidence / "runs" / name if evidence else None
-            if kept is not None and not finished_run(kept, cfg):
+            if kept is not None and (rerun or not finished_run(kept, cfg)):
                 refuse_other_budget(kept, cfg)
-                reuse_kept_elsewhere(kept, evidence.parent, paper, cfg)
-            jobs.append(Job(run_raw, path, out / name, kept))
+                if not rerun:
+                    reuse_kept_elsewhere(kept, evidence.parent, paper, cfg)
+            jobs.append(Job(run_raw, path, out / name, kept, rerun))
             owner.append((row, int(run_raw["seed"]), cfg))
     finished: dict[int, Finished] = {}
     for f in run_jobs(jobs, workers):
@@ -286,10 +309,11 @@ def kept_runs(evidence: Path, row: PaperRow) -> RowResult | None:
     its runs still shows them, marked by its ``changed`` date). None where there is none."""
     result = RowResult(row)
     for kept in sorted((evidence / "runs" / slug(row.label)).glob("seed*")):
+        require_readable(kept)
         stored = stored_config(kept)
         if stored is None or not (kept / "cases.csv").is_file():
             continue
-        result.results.append(json.loads((kept / "results.json").read_text()))
+        result.results.append(read_results(kept / "results.json"))
         result.dirs.append(kept)
         result.configs.append(stored.model_dump(mode="json"))
     return result if result.results else None

@@ -4,7 +4,6 @@ how a list of runs executes, one after another or in worker processes (``--jobs`
 from __future__ import annotations
 
 import copy
-import json
 import multiprocessing
 import os
 import shutil
@@ -22,6 +21,8 @@ from fedseg.engine.device import resolve_device
 from fedseg.engine.rundir import RunDir
 from fedseg.errors import ConfigError
 from fedseg.methods.training import native_bf16
+from fedseg.reporting.runs import read_results
+from fedseg.reporting.stats import read_cases
 
 __all__ = [
     "KEPT_FILES",
@@ -32,6 +33,7 @@ __all__ = [
     "interrupted_run",
     "keep_run",
     "predates_synth_seed",
+    "require_readable",
     "run_config",
     "run_jobs",
     "stored_config",
@@ -92,8 +94,34 @@ def finished_run(run_dir: Path, cfg: RunConfig) -> bool:
     stored = stored_config(run_dir)
     if stored is None or _comparable(stored) != _comparable(cfg):
         return False
-    used = json.loads((run_dir / "results.json").read_text()).get("precision")
+    try:
+        used = read_results(run_dir / "results.json").get("precision")
+    except ConfigError:
+        return False
     return _same_bf16_hardware(used, cfg)
+
+
+def require_readable(kept: Path) -> None:
+    """ConfigError naming the file where ``kept`` holds (some of) a kept run's
+    :data:`KEPT_FILES` that cannot be read: one missing, cut off or damaged, or a
+    ``config.yaml`` that no longer parses. Such a run is never replaced unasked (``--rerun``)."""
+    present = [name for name in KEPT_FILES if (kept / name).is_file()]
+    if not present:
+        return
+    rd = RunDir(kept)
+    try:
+        missing = [name for name in KEPT_FILES if name not in present]
+        if missing:
+            raise ConfigError(f"{kept / missing[0]}: missing beside {', '.join(present)}")
+        parse_config(rd.stored_config(), str(rd.config))
+        read_results(rd.results_json)
+        read_cases(rd.cases_csv)
+        rd.rounds()
+    except ConfigError as e:
+        raise ConfigError(
+            f"a kept run cannot be read: {e.reason}; restore its files (e.g. `git checkout "
+            f"-- {kept}`) or pass --rerun to train it again and replace them"
+        ) from None
 
 
 def _same_bf16_hardware(used: dict[str, Any] | None, cfg: RunConfig) -> bool:
@@ -138,20 +166,22 @@ def predates_synth_seed(run_dir: Path, cfg: RunConfig) -> bool:
     return isinstance(synth, dict) and "seed" not in synth
 
 
-def run_config(raw: dict[str, Any], run_dir: Path, source: str = "<config>") -> dict[str, Any]:
+def run_config(
+    raw: dict[str, Any], run_dir: Path, source: str = "<config>", rerun: bool = False
+) -> dict[str, Any]:
     """Run ``raw`` in-process into ``run_dir`` (results.md and figures included) and return
     its results; a finished run there with the same config is reused, an interrupted one
     (a session that ended mid-run) continues from its last checkpoint, which gives the
     numbers an uninterrupted run gives. A run there that :func:`predates_synth_seed` is
-    neither reused nor continued: it is trained afresh."""
+    neither reused nor continued, nor any with ``rerun``: it is trained afresh."""
     from fedseg.engine.runner import InProcessRunner
     from fedseg.outputs import write_run_outputs
 
     cfg = parse_config(raw, source)
-    unplaced = predates_synth_seed(run_dir, cfg)
-    if not unplaced and finished_run(run_dir, cfg):
-        return json.loads((run_dir / "results.json").read_text())
-    resume = not unplaced and interrupted_run(run_dir, cfg)
+    fresh = rerun or predates_synth_seed(run_dir, cfg)
+    if not fresh and finished_run(run_dir, cfg):
+        return read_results(run_dir / "results.json")
+    resume = not fresh and interrupted_run(run_dir, cfg)
     if not resume:
         RunDir(run_dir).prepare_new(overwrite=True)
     results = InProcessRunner(cfg, run_dir).run(resume=resume)
@@ -170,12 +200,14 @@ def keep_run(run_dir: Path, store: Path) -> None:
 @dataclass(frozen=True)
 class Job:
     """One run of a table: its raw config and the file it came from, the folder it runs in,
-    and the folder its small files are kept in (None: not kept)."""
+    the folder its small files are kept in (None: not kept), and whether it is trained
+    afresh even where a finished run of it is there or kept (``--rerun``)."""
 
     raw: dict[str, Any]
     source: str
     run_dir: Path
     kept: Path | None = None
+    rerun: bool = False
 
     def config(self) -> RunConfig:
         return parse_config(copy.deepcopy(self.raw), self.source)
@@ -201,7 +233,7 @@ def _execute(job: Job, threads: int = 0) -> tuple[dict[str, Any], float]:
 
         torch.set_num_threads(threads)
     t0 = time.perf_counter()
-    results = run_config(job.raw, job.run_dir, job.source)
+    results = run_config(job.raw, job.run_dir, job.source, job.rerun)
     if job.kept is not None:
         keep_run(job.run_dir, job.kept)
     return results, time.perf_counter() - t0
@@ -225,8 +257,8 @@ def run_jobs(jobs: Sequence[Job], workers: int = 1) -> Iterator[Finished]:
         raise ConfigError(f"--jobs {workers}: must be at least 1")
     pending, configs = [], [job.config() for job in jobs]
     for i, job in enumerate(jobs):
-        if job.kept is not None and finished_run(job.kept, configs[i]):
-            results = json.loads((job.kept / "results.json").read_text())
+        if job.kept is not None and not job.rerun and finished_run(job.kept, configs[i]):
+            results = read_results(job.kept / "results.json")
             yield Finished(i, results, job.kept, 0.0, True)
         else:
             pending.append(i)
