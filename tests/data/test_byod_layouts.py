@@ -264,13 +264,15 @@ def test_msd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     training, rows = [], ["case,site"]
     rng = np.random.default_rng(5)
     for c in range(4):
-        label = np.zeros((16, 16, 4), np.uint8)
-        label[4:12, 4:12, 1:3] = 1
-        label[6:10, 6:10, 1:3] = 2
+        voxel = 0.6 if c % 2 else 0.4  # the same 9.6 mm field of view at two voxel sizes
+        n, pz, tz = (round(v / voxel) for v in (9.6, 2.4, 3.6))
+        label = np.zeros((n, n, 4), np.uint8)
+        label[pz : n - pz, pz : n - pz, 1:3] = 1  # 4.8 mm peripheral zone
+        label[tz : n - tz, tz : n - tz, 1:3] = 2  # 2.4 mm transition zone
         image = np.stack([label * 100.0 + rng.normal(0, 1, label.shape)] * 2, axis=-1)
         for folder, data in (("imagesTr", image.astype(np.float32)), ("labelsTr", label)):
             (task / folder).mkdir(parents=True, exist_ok=True)
-            nib.save(nib.Nifti1Image(data, np.diag([0.6, 0.6, 3.6, 1.0])),
+            nib.save(nib.Nifti1Image(data, np.diag([voxel, voxel, 3.6, 1.0])),
                      task / folder / f"prostate_{c:02d}.nii.gz")  # fmt: skip
         training.append({"image": f"./imagesTr/prostate_{c:02d}.nii.gz",
                          "label": f"./labelsTr/prostate_{c:02d}.nii.gz"})  # fmt: skip
@@ -284,4 +286,7 @@ def test_msd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert m.class_names == ["background", "PZ", "TZ"] and m.channels == 2
     assert m.modality == "T2+ADC" and m.spatial_shape == (128, 128)
     assert splits(fed) == {"BMC": (2, 0, 2), "RUNMC": (2, 0, 2)}  # 2 slices a case
-    assert set(np.unique(all_masks(fed, "BMC")).tolist()) == {0, 1, 2}
+    for site in ("BMC", "RUNMC"):
+        masks = all_masks(fed, site)
+        # 0.6 mm everywhere: the zones are 8 x 8 px (PZ + TZ) and 4 x 4 px (TZ) in every case
+        assert [np.bincount(k.ravel(), minlength=3)[1:].tolist() for k in masks] == [[48, 16]] * 4

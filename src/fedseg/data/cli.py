@@ -128,6 +128,27 @@ def _window(text: str | None) -> tuple[float, float] | None:
     return values[0], values[1]
 
 
+VoxelSpacing = Annotated[
+    str | None,
+    typer.Option(help="Resample to this spacing in mm: 2d H,W; 3d D,H,W (one value: all)."),
+]
+Interpolation = Annotated[
+    str, typer.Option(help="Image resampling with --spacing: linear or cubic.")
+]
+VolumeFit = Annotated[
+    str | None,
+    typer.Option(help="resize, or crop (centre crop/pad); default resize, crop with --spacing."),
+]
+
+
+def _spacing(text: str | None, n: int) -> list[float] | None:
+    """``"1.5"`` -> ``[1.5] * n``; ``"3,1,1"`` -> ``[3.0, 1.0, 1.0]`` (checked by the importer)."""
+    if text is None:
+        return None
+    values = _floats(text, "--spacing")
+    return values * n if len(values) == 1 else values
+
+
 CtWindow = Annotated[
     str | None,
     typer.Option(
@@ -423,12 +444,7 @@ def import_nifti_cmd(
     mode: Annotated[str, typer.Option(help="2d (slices) or 3d (volumes).")] = "2d",
     shape: Annotated[str, typer.Option(help="2d: S or H,W; 3d: D,H,W.")] = "256",
     axis: Annotated[int, typer.Option(help="Slice/depth axis after RAS reorientation.")] = 2,
-    fit: Annotated[
-        str | None,
-        typer.Option(
-            help="resize, or crop (centre crop/pad); default resize, crop with --spacing."
-        ),
-    ] = None,
+    fit: VolumeFit = None,
     keep_empty: Annotated[bool, typer.Option(help="2d: keep slices with empty masks.")] = False,
     mapping: Annotated[
         str | None, typer.Option(help="Label value -> class, e.g. 0=0,255=1.")
@@ -446,13 +462,8 @@ def import_nifti_cmd(
         str, typer.Option(help="Modality in the manifest; CT needs --ct-window.")
     ] = "MRI",
     ct_window: CtWindow = None,
-    spacing: Annotated[
-        str | None,
-        typer.Option(help="Resample to this spacing in mm: 2d H,W; 3d D,H,W (one value: all)."),
-    ] = None,
-    interpolation: Annotated[
-        str, typer.Option(help="Image resampling with --spacing: linear or cubic.")
-    ] = "linear",
+    spacing: VoxelSpacing = None,
+    interpolation: Interpolation = "linear",
     annotation: SiteAnnotations = None,
     overwrite: Overwrite = False,
 ) -> None:
@@ -463,7 +474,6 @@ def import_nifti_cmd(
     with handled():
         n = 2 if mode == "2d" else 3
         dims = _sizes(shape, n, "--shape")
-        voxel = None if spacing is None else _floats(spacing, "--spacing")
         with _progress("importing volumes") as progress:
             result = import_nifti(
                 src,
@@ -484,7 +494,7 @@ def import_nifti_cmd(
                 task=task,
                 modality=modality,
                 ct_window=_window(ct_window),
-                spacing=voxel * n if voxel is not None and len(voxel) == 1 else voxel,
+                spacing=_spacing(spacing, n),
                 interpolation=interpolation,  # type: ignore[arg-type]
                 annotations=_assignments(annotation, "--annotation"),
                 overwrite=overwrite,
@@ -502,12 +512,14 @@ def import_nnunet_cmd(
     mode: Annotated[str, typer.Option(help="2d (slices) or 3d (volumes).")] = "2d",
     shape: Annotated[str, typer.Option(help="2d: S or H,W; 3d: D,H,W.")] = "256",
     axis: Annotated[int, typer.Option(help="Slice/depth axis after RAS reorientation.")] = 2,
-    fit: Annotated[str, typer.Option(help="3d: resize or crop (centre crop/pad).")] = "resize",
+    fit: VolumeFit = None,
     keep_empty: Annotated[bool, typer.Option(help="2d: keep slices with empty masks.")] = False,
     normalize: Annotated[
         str, typer.Option(help="Per-channel, per-case: minmax ([0, 1]), zscore or none.")
     ] = "minmax",
     ct_window: CtWindow = None,
+    spacing: VoxelSpacing = None,
+    interpolation: Interpolation = "linear",
     site_csv: Annotated[
         Path | None, typer.Option(help="CSV with columns case,site (default: site per dataset).")
     ] = None,
@@ -525,7 +537,8 @@ def import_nnunet_cmd(
     from fedseg.data.importers.nnunet import import_nnunet
 
     with handled():
-        dims = _sizes(shape, 2 if mode == "2d" else 3, "--shape")
+        n = 2 if mode == "2d" else 3
+        dims = _sizes(shape, n, "--shape")
         window = _window(ct_window)
         with _progress("importing datasets") as progress:
             result = import_nnunet(
@@ -538,6 +551,8 @@ def import_nnunet_cmd(
                 drop_empty=not keep_empty,
                 normalization=normalize,  # type: ignore[arg-type]
                 ct_window=window,
+                spacing=_spacing(spacing, n),
+                interpolation=interpolation,  # type: ignore[arg-type]
                 site_csv=site_csv,
                 site_regex=site_regex,
                 test_fraction=test_fraction,

@@ -34,7 +34,14 @@ from fedseg.data.resample import INTERPOLATIONS, Interpolation, resample_image, 
 from fedseg.data.writer import FederationWriter
 from fedseg.errors import DataError
 
-__all__ = ["NiftiImport", "case_samples", "import_nifti", "load_volume"]
+__all__ = [
+    "NiftiImport",
+    "case_samples",
+    "check_volume_options",
+    "import_nifti",
+    "load_volume",
+    "resample_case",
+]
 
 NIFTI_EXTENSIONS = (".nii", ".nii.gz")
 
@@ -90,13 +97,7 @@ def import_nifti(
     per-volume percentile scaling. Label values map through ``mapping`` (value -> class) or
     must already be classes.
     """
-    ndim = {"2d": 2, "3d": 3}.get(mode)
-    fit = fit or ("crop" if spacing is not None else "resize")
-    if ndim is None or len(shape) != ndim or axis not in (0, 1, 2) or fit not in ("resize", "crop"):
-        raise DataError(
-            f"need mode 2d with a (H, W) shape or 3d with a (D, H, W) shape, axis in 0..2 and "
-            f"fit resize|crop; got mode={mode!r}, shape={tuple(shape)}, axis={axis}, fit={fit!r}"
-        )
+    ndim, fit = check_volume_options(mode, shape, axis, fit, spacing, interpolation)
     is_ct = modality.strip().upper() == "CT"
     check_window(ct_window, "--ct-window")
     if is_ct != (ct_window is not None):
@@ -105,16 +106,6 @@ def import_nifti(
             f"tissue), and a CT window needs --modality CT; got modality {modality!r}, "
             f"window {ct_window}"
         )
-    if spacing is not None and (
-        len(spacing) != ndim or fit != "crop" or not all(0 < v < math.inf for v in spacing)
-    ):
-        raise DataError(
-            f"--spacing needs {ndim} positive values in mm in {mode} mode "
-            f"({'H,W' if ndim == 2 else 'D,H,W'}) and --fit crop (resizing would change the "
-            f"spacing again); got spacing {tuple(spacing)}, fit {fit!r}"
-        )
-    if interpolation not in INTERPOLATIONS:
-        raise DataError(f"--interpolation must be one of {INTERPOLATIONS}, got {interpolation!r}")
     src = Path(src)
     plan = {}
     for site in site_dirs(src):
@@ -156,10 +147,7 @@ def import_nifti(
         for site, items in plan.items():
             for case, img_path, lab_path, split in items:
                 raw, label, zooms = _read_case(img_path, lab_path, axis, mapping, len(class_names))
-                if spacing is not None:  # slices keep their thickness, only H, W change in 2D
-                    target = (zooms[0], *spacing) if ndim == 2 else tuple(spacing)
-                    raw = resample_image(raw, zooms, target, interpolation)
-                    label, zooms = resample_mask(label, zooms, target), target
+                raw, label, zooms = resample_case(raw, label, zooms, spacing, interpolation)
                 image = (
                     normalize_intensity(raw) if ct_window is None else apply_window(raw, ct_window)
                 )
@@ -171,6 +159,60 @@ def import_nifti(
                 if progress is not None:
                     progress(done, total)
         return NiftiImport(writer.finish(chosen), dropped)
+
+
+def check_volume_options(
+    mode: str,
+    shape: Sequence[int],
+    axis: int,
+    fit: str | None,
+    spacing: Sequence[float] | None,
+    interpolation: str,
+) -> tuple[int, Literal["resize", "crop"]]:
+    """``(ndim, fit)`` of a volume import; ``fit`` defaults to ``crop`` with ``spacing``.
+
+    Raises:
+        DataError: a mode without a matching shape, an axis outside 0..2, an unknown fit or
+            interpolation, or a spacing of the wrong length, not positive, or with resizing.
+    """
+    ndim = {"2d": 2, "3d": 3}.get(mode)
+    fit = fit or ("crop" if spacing is not None else "resize")
+    if ndim is None or len(shape) != ndim or axis not in (0, 1, 2) or fit not in ("resize", "crop"):
+        raise DataError(
+            f"need mode 2d with a (H, W) shape or 3d with a (D, H, W) shape, axis in 0..2 and "
+            f"fit resize|crop; got mode={mode!r}, shape={tuple(shape)}, axis={axis}, fit={fit!r}"
+        )
+    if spacing is not None and (
+        len(spacing) != ndim or fit != "crop" or not all(0 < v < math.inf for v in spacing)
+    ):
+        raise DataError(
+            f"--spacing needs {ndim} positive values in mm in {mode} mode "
+            f"({'H,W' if ndim == 2 else 'D,H,W'}) and --fit crop (resizing would change the "
+            f"spacing again); got spacing {tuple(spacing)}, fit {fit!r}"
+        )
+    if interpolation not in INTERPOLATIONS:
+        raise DataError(f"--interpolation must be one of {INTERPOLATIONS}, got {interpolation!r}")
+    return ndim, fit  # type: ignore[return-value]  # checked above
+
+
+def resample_case(
+    image: np.ndarray,
+    label: np.ndarray,
+    zooms: Sequence[float],
+    spacing: Sequence[float] | None,
+    interpolation: Interpolation,
+) -> tuple[np.ndarray, np.ndarray, tuple[float, ...]]:
+    """Image ([C,] D, H, W) and label (D, H, W) with voxel size ``zooms`` resampled to
+    ``spacing``: (D, H, W), or (H, W) with the slices (D) kept as they are; unchanged when
+    ``spacing`` is None."""
+    if spacing is None:
+        return image, label, tuple(zooms)
+    target = (zooms[0], *spacing) if len(spacing) == 2 else tuple(spacing)
+    return (
+        resample_image(image, zooms, target, interpolation),
+        resample_mask(label, zooms, target),
+        target,
+    )
 
 
 def _read_case(

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import nibabel as nib
 import numpy as np
 
 from fedseg.data.arrays import normalize_intensity
@@ -29,8 +30,15 @@ from fedseg.data.importers.common import (
     natural_key,
     site_annotations,
 )
-from fedseg.data.importers.nifti import NiftiImport, case_samples, load_volume
+from fedseg.data.importers.nifti import (
+    NiftiImport,
+    case_samples,
+    check_volume_options,
+    load_volume,
+    resample_case,
+)
 from fedseg.data.manifest import Annotation
+from fedseg.data.resample import Interpolation
 from fedseg.data.writer import FederationWriter
 from fedseg.errors import DataError
 
@@ -57,10 +65,12 @@ def import_nnunet(
     mode: Literal["2d", "3d"],
     shape: Sequence[int],
     axis: int = 2,
-    fit: Literal["resize", "crop"] = "resize",
+    fit: Literal["resize", "crop"] | None = None,
     drop_empty: bool = True,
     normalization: Normalization = "minmax",
     ct_window: tuple[float, float] | None = None,
+    spacing: Sequence[float] | None = None,
+    interpolation: Interpolation = "linear",
     site_csv: str | Path | None = None,
     site_regex: str | None = None,
     test_fraction: float = 0.2,
@@ -79,14 +89,10 @@ def import_nnunet(
     Channels named ``CT`` are clipped to ``ct_window`` and scaled to [0, 1] when it is given;
     every other channel is normalised per case: ``minmax`` (to [0, 1], clipped at the 99.5th
     percentile, as import-nifti), ``zscore`` (mean 0, std 1) or ``none``. ``mode``, ``shape``,
-    ``axis``, ``fit`` and ``drop_empty`` are those of ``import_nifti``.
+    ``axis``, ``fit``, ``drop_empty``, ``spacing`` and ``interpolation`` (resampling to one
+    voxel spacing, before normalising) are those of ``import_nifti``.
     """
-    ndim = {"2d": 2, "3d": 3}.get(mode)
-    if ndim is None or len(shape) != ndim or axis not in (0, 1, 2) or fit not in ("resize", "crop"):
-        raise DataError(
-            f"need mode 2d with a (H, W) shape or 3d with a (D, H, W) shape, axis in 0..2 and "
-            f"fit resize|crop; got mode={mode!r}, shape={tuple(shape)}, axis={axis}, fit={fit!r}"
-        )
+    ndim, fit = check_volume_options(mode, shape, axis, fit, spacing, interpolation)
     if normalization not in NORMALIZATIONS:
         raise DataError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
     if site_csv is not None and site_regex is not None:
@@ -131,13 +137,14 @@ def import_nnunet(
         total, done, dropped = sum(len(v) for v in plan.values()), 0, 0
         for site, cases in plan.items():
             for case, files, lab_path, split in cases:
-                image, label, spacing = _read_case(
+                image, label, zooms = _read_case(
                     files, lab_path, axis, len(first.channels), len(first.classes)
                 )
+                image, label, zooms = resample_case(image, label, zooms, spacing, interpolation)
                 for c, data in enumerate(image):
                     window = ct_window if is_ct[c] else None
                     image[c] = _normalise(data, normalization, window)
-                samples = case_samples(case, image, label, spacing, shape, fit, drop_empty)
+                samples = case_samples(case, image, label, zooms, shape, fit, drop_empty)
                 dropped += label.shape[0] - len(samples) if ndim == 2 else 0
                 for sample_id, img, lab, sp in samples:
                     writer.add(site, split, sample_id, img, lab, spacing=sp, origin=str(files[0]))
@@ -329,7 +336,7 @@ def _read_case(
             f"{lab_path}: label values must be the integers 0..{k - 1} listed in dataset.json "
             f"'labels', got {bad[:10] or 'non-integers'}"
         )
-    zooms = [float(z) for z in volumes[0][0].header.get_zooms()[:3]]
+    zooms = [float(z) for z in nib.affines.voxel_sizes(volumes[0][0].affine)]
     order = [axis] + [a for a in range(3) if a != axis]
     image = np.transpose(data, [0] + [a + 1 for a in order]).astype(np.float32)
     return image, np.transpose(label, order).astype(np.uint8), tuple(zooms[a] for a in order)
