@@ -290,3 +290,78 @@ def test_msd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         masks = all_masks(fed, site)
         # 0.6 mm everywhere: the zones are 8 x 8 px (PZ + TZ) and 4 x 4 px (TZ) in every case
         assert [np.bincount(k.ravel(), minlength=3)[1:].tolist() for k in masks] == [[48, 16]] * 4
+
+
+# ---------------------------------------------------------------- refusals of the options
+def cli_error(root: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> str:
+    """Output of a failing ``fedseg data import-folder`` run in ``root``; nothing written."""
+    monkeypatch.chdir(root)
+    result = CliRunner().invoke(app, ["data", "import-folder", "src", "out", *args])
+    assert result.exit_code != 0 and "Traceback" not in result.output, result.output
+    assert not (root / "out").exists()
+    return " ".join(result.output.split())
+
+
+@pytest.fixture
+def two_sites(tmp_path: Path) -> Path:
+    """Site A: images/ + masks/; site B: ETIS-style GroundTruth/p<id>.png; weak labels in A."""
+    rng = np.random.default_rng(6)
+    for i in range(3):
+        mask = blob(rng, 16, 16)
+        write(tmp_path / "src" / "A" / "images" / f"{i}.png", photo(rng, 16, 16))
+        write(tmp_path / "src" / "A" / "masks" / f"{i}.png", mask * 255)
+        write(tmp_path / "src" / "A" / "scr" / f"{i}.png", np.where(mask > 0, 255, 254))
+        write(tmp_path / "src" / "B" / "images" / f"{i}.png", photo(rng, 16, 16))
+        write(tmp_path / "src" / "B" / "GroundTruth" / f"p{i}.png", mask * 255)
+    return tmp_path
+
+
+BASE = shlex.split("--classes bg,fg --mapping 0=0,255=1 --size 16 --masks-dir B=GroundTruth")
+WEAK = "--mask-prefix B=p --weak-dir A=scr --weak-mapping"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ("", "images without mask: ['0', '1', '2'], masks without image: ['p0', 'p1', 'p2']; "
+             "near matches: 0 ~ p0, 1 ~ p1, 2 ~ p2"),
+        ("--mask-prefix B=p --images-dir C=imgs",
+         "per-site layout names unknown site 'C'; sites are ['A', 'B']"),
+        ("--mask-prefix B=p --images-dir a --images-dir b",
+         "--images-dir takes one value for all sites (others as SITE=VALUE), got ['a', 'b']"),
+        ("--mask-prefix B=p --weak-dir A=scr", "--weak-dir needs --weak-mapping"),
+        (f"{WEAK} 254=255,255=2", "--weak-mapping classes must be in 0..1 or 255, got [2]"),
+        ("--mask-prefix B=p --weak-dir A=masks --weak-mapping 0=0,255=1",
+         "--weak-dir A=masks needs --annotation A=TYPE"),
+        (f"{WEAK} 254=255,255=1 --annotation B=point",
+         "sites ['B'] are weakly annotated but have no --weak-dir"),
+        ("--mask-prefix B=p --weak-dir B=scr --weak-mapping 254=255,255=1",
+         "expected one weak label 0.png"),
+        (f"{WEAK} 254=255", "values [255] are not within 0 of the mapped levels [254]"),
+        ("--mask-prefix B=p --weak-dir Z=scr --weak-mapping 254=255,255=1",
+         "--weak-dir names unknown sites ['Z']"),
+    ],
+)  # fmt: skip
+def test_folder_option_refusals(
+    two_sites: Path, monkeypatch: pytest.MonkeyPatch, args: str, message: str
+) -> None:
+    assert message in cli_error(two_sites, monkeypatch, *BASE, *args.split())
+
+
+def test_prefix_any_case_and_weak_folder(two_sites: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(two_sites)
+    args = f"{WEAK} 254=255,255=1 --test-fraction 0".replace("B=p", "B=P").split()
+    result = CliRunner().invoke(app, ["data", "import-folder", "src", "out", *BASE, *args])
+    assert result.exit_code == 0, result.output
+    fed = FederatedDataset.open(two_sites / "out")
+    assert {s.name: s.annotation for s in fed.manifest.sites} == {"A": "scribble", "B": "full"}
+    weak = fed.load("A", "train", labels="weak")
+    np.testing.assert_array_equal(weak.labels, np.where(weak.masks == 1, 1, 255))
+
+
+def test_damaged_xml_mask_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write(tmp_path / "src" / "A" / "images" / "t.png", photo(np.random.default_rng(7), 8, 8))
+    (tmp_path / "src" / "A" / "masks").mkdir()
+    (tmp_path / "src" / "A" / "masks" / "t.xml").write_text('<Annotations><Vertex X="a"')
+    text = cli_error(tmp_path, monkeypatch, "--classes", "bg,fg", "--mapping", "0=0,255=1")
+    assert "masks/t.xml: not an ImageScope annotation XML" in text
