@@ -26,8 +26,30 @@ def federation(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def test_dp_over_flower_equals_in_process(federation: Path, tmp_path: Path):
-    cfg = make_config(federation, "fedbn", privacy=PRIVACY, model=SMALL)
+ADAPTIVE = {
+    "mode": "central",
+    "clip": 0.05,
+    "noise_multiplier": 0.3,
+    "adaptive_clip": {"quantile": 0.5, "learning_rate": 0.5, "count_noise": 0.5},
+    "server_momentum": 0.9,
+}
+"""Adaptive clipping (Andrew et al. 2021) with server momentum, on a group-norm network."""
+
+
+@pytest.mark.parametrize(
+    ("method", "privacy", "model"),
+    [
+        ("fedbn", PRIVACY, SMALL),
+        ("fedavg", ADAPTIVE, {**SMALL, "widths": [8, 16], "dropout": [0, 0], "norm": "group"}),
+    ],
+    ids=["fixed-clip", "adaptive-clip"],
+)
+def test_dp_over_flower_equals_in_process(
+    federation: Path, tmp_path: Path, method: str, privacy: dict, model: dict
+):
+    """The same models, server metrics (epsilon; with adaptive clipping the clip of every
+    round) and privacy report through Flower's handlers as in-process."""
+    cfg = make_config(federation, method, rounds=3, privacy=privacy, model=model)
     ref = InProcessRunner(cfg, tmp_path / "inproc").run()
     link, st = direct_link(cfg, federation, tmp_path / "flower")
     res = run_federation(cfg, st, link)
@@ -38,6 +60,8 @@ def test_dp_over_flower_equals_in_process(federation: Path, tmp_path: Path):
     }
     assert [r["server"] for r in rounds["flower"]] == [r["server"] for r in rounds["inproc"]]
     assert rounds["flower"][-1]["server"]["dp_epsilon"] == res["privacy"]["epsilon"]
+    if "adaptive_clip" in privacy:  # the clip moved each round
+        assert len({r["server"]["dp_clip"] for r in rounds["flower"]}) == 3
     ours = torch.load(tmp_path / "flower/checkpoints/last.pt", weights_only=True)
     theirs = torch.load(tmp_path / "inproc/checkpoints/last.pt", weights_only=True)
     for k, v in theirs["server"]["payloads"][0]["tensors"].items():
@@ -64,3 +88,25 @@ def test_local_dp_over_flower_equals_in_process(federation: Path, tmp_path: Path
     theirs = torch.load(tmp_path / "inproc/checkpoints/last.pt", weights_only=True)
     for k, v in theirs["server"]["payloads"][0]["tensors"].items():
         assert torch.equal(ours["server"]["payloads"][0]["tensors"][k], v), k
+
+
+def test_flowers_adaptive_clipping_wrapper_counts_clipped_updates():
+    """Why fedseg implements the rule itself: Flower 1.41's server-side wrapper feeds the
+    share of *clipped* updates into the geometric update where Andrew et al. use the share
+    left unclipped, so its clip runs away from the update norms (here 0.5 .. 5) instead of
+    settling at their median. If this test fails, Flower changed the rule: revisit."""
+    import numpy as np
+    from flwr.serverapp.strategy import FedAvg
+    from flwr.serverapp.strategy.dp_adaptive_clipping import (
+        DifferentialPrivacyServerSideAdaptiveClipping as Wrapper,
+    )
+    from flwr.supercore.differential_privacy import adaptive_clip_inputs_inplace
+
+    np.random.seed(0)
+    for start, away in ((0.4, lambda c: c < 0.01), (6.0, lambda c: c > 100)):
+        dp = Wrapper(FedAvg(), 0.5, 10, start, 0.5, 0.3, 0.5)
+        for _ in range(60):  # as its aggregate_train counts and updates
+            norms = [np.full(4, n / 4) for n in range(1, 11)]
+            clipped = sum(int(adaptive_clip_inputs_inplace([u], dp.clipping_norm)) for u in norms)
+            dp._geometric_update(dp._noisy_fraction(clipped, 10))
+        assert away(dp.clipping_norm)

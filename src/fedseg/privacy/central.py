@@ -9,6 +9,12 @@ noise of standard deviation ``noise_multiplier * clip * max weight`` from the ro
 generator, and adds the result to the previous global model. Integer tensors (BN batch
 counters) carry no update: the global keeps its own. Epsilon after the round (dp-accounting)
 is a server metric of the round, so it lands in ``rounds.jsonl``.
+
+Options (all post-processing or accounted): ``adaptive_clip`` (Andrew et al. 2021: the
+server clips with a clip that follows a quantile of the update norms, learnt from a noised
+count of the unclipped updates), ``server_momentum`` (the global model moves by a momentum
+average of the noised aggregates) and ``freeze`` (frozen parameters get no update and no
+noise).
 """
 
 from __future__ import annotations
@@ -36,11 +42,12 @@ from fedseg.methods.base import (
 from fedseg.methods.fedavg import FedAvg
 from fedseg.privacy.accountant import epsilon
 from fedseg.privacy.settings import PrivacySettings
-from fedseg.privacy.wrapper import PrivateWrapper
+from fedseg.privacy.wrapper import PrivateWrapper, frozen_names
 
 __all__ = [
     "CentralDP",
     "NoisySum",
+    "adaptive_noise",
     "clip_update",
     "fixed_weights",
     "require_central_dp",
@@ -51,6 +58,28 @@ __all__ = [
 
 GLOBAL = "dp_global"
 """Server-state key of the current global tensors (the same tensors as the payload)."""
+CLIP = "dp_clip"
+"""Server-state key of the current clip (``adaptive_clip``)."""
+VELOCITY = "dp_velocity"
+"""Server-state key of the server momentum's velocity (``server_momentum``)."""
+
+
+def adaptive_noise(settings: PrivacySettings, sites: int) -> tuple[float, float]:
+    """The noise multiplier of the updates and the standard deviation of the noise on the
+    count of unclipped updates. With ``adaptive_clip`` (Andrew et al. 2021, Sec. 3.1) the two
+    Gaussian releases of a round cost together what one of multiplier ``z`` costs:
+    ``z**-2 = z_update**-2 + (2 sigma_b)**-2`` (the count's sensitivity is 1/2 after
+    centring each site's bit); without it, ``(z, 0)``."""
+    z, adaptive = settings.noise_multiplier, settings.adaptive_clip
+    if adaptive is None:
+        return z, 0.0
+    sd = adaptive.count_noise if adaptive.count_noise is not None else sites / 20
+    if z >= 2 * sd:
+        raise ConfigError(
+            f"privacy.adaptive_clip.count_noise: {sd:g} is too small for noise_multiplier "
+            f"{z:g} (it must exceed noise_multiplier / 2; default: sites / 20 = {sites / 20:g})"
+        )
+    return (z**-2 - (2 * sd) ** -2) ** -0.5, sd
 
 
 def supports_central_dp(cls: type[Method]) -> bool:
@@ -109,6 +138,9 @@ class CentralDP(PrivateWrapper):
         require_central_dp(name, type(inner))
         super().__init__(inner, settings, name, "central DP")
         self.weights = fixed_weights(settings, inner.spec.sites)
+        self.update_noise, self.count_noise = adaptive_noise(settings, len(inner.spec.sites))
+        self.frozen = set(frozen_names(inner.build_model(), settings.freeze))
+        """Frozen parameters: no update and no noise (their values are public)."""
 
     def upload_template(self, model: nn.Module) -> Template:
         up, down = self.inner.upload_template(model), self.inner.download_template(model)
@@ -124,15 +156,27 @@ class CentralDP(PrivateWrapper):
     def init_server(self, model: nn.Module) -> ServerResult:
         out = self.inner.init_server(model)
         first = next(iter(out.payloads.values()))
-        return ServerResult(out.payloads, {**out.state, GLOBAL: first.tensors})
+        state = {**out.state, GLOBAL: first.tensors}
+        if self.settings.adaptive_clip is not None:
+            state[CLIP] = self.settings.clip
+        if self.settings.server_momentum:
+            state[VELOCITY] = {
+                k: torch.zeros_like(t, dtype=torch.float64)
+                for k, t in first.tensors.items()
+                if t.is_floating_point()
+            }
+        return ServerResult(out.payloads, state)
 
     def client_step(self, payload: Payload, state: State, ctx: ClientContext) -> ClientResult:
-        """The method's client step; its upload replaced by the clipped update. The update's
-        norm before clipping joins the step's metrics (for choosing ``clip``; the server of
-        central DP is trusted, and under secure aggregation no metric leaves the site)."""
+        """The method's client step; its upload replaced by the clipped update (with
+        ``adaptive_clip`` the update: the trusted server clips it with the current clip).
+        The update's norm before clipping joins the step's metrics (for choosing ``clip``;
+        the server of central DP is trusted, and under secure aggregation no metric leaves
+        the site)."""
         res = self.inner.client_step(payload, state, ctx)
         update = {k: t - payload.tensors[k] for k, t in res.upload.tensors.items()}
-        clipped = clip_update(update, self.settings.clip)
+        adaptive = self.settings.adaptive_clip is not None
+        clipped = update if adaptive else clip_update(update, self.settings.clip)
         metrics = {**res.metrics, "update_norm": update_norm(update)}
         return ClientResult(
             Payload(clipped, num_examples=res.upload.num_examples), res.state, metrics
@@ -154,9 +198,13 @@ class NoisySum:
     def __init__(self, dp: CentralDP, state: State, ctx: ServerContext) -> None:
         self.dp, self.state, self.ctx = dp, state, ctx
         self.sum: dict[str, torch.Tensor] = {}
+        self.clip: float = state.get(CLIP, dp.settings.clip)
+        self.unclipped = 0
+        """Uploads within the clip (``adaptive_clip``)."""
 
     def add(self, site: str, upload: Payload) -> None:
-        self.add_sum(clip_update(upload.tensors, self.dp.settings.clip), self.dp.weights[site])
+        self.unclipped += update_norm(upload.tensors) <= self.clip
+        self.add_sum(clip_update(upload.tensors, self.clip), self.dp.weights[site])
 
     def add_sum(self, tensors: Mapping[str, torch.Tensor], weight: float = 1.0) -> None:
         """Add ``weight`` times ``tensors``: one site's clipped update, or (secure
@@ -170,23 +218,36 @@ class NoisySum:
                 self.sum[k] = t.double() * weight
 
     def finish(self) -> ServerResult:
-        s = self.dp.settings
-        std = s.noise_multiplier * s.clip * max(self.dp.weights.values())
+        dp, s = self.dp, self.dp.settings
+        std = dp.update_noise * self.clip * max(dp.weights.values())
         base: dict[str, torch.Tensor] = self.state[GLOBAL]
-        new = {}
+        velocity: dict[str, torch.Tensor] | None = self.state.get(VELOCITY)
+        new, moved = {}, {}
         for k, t in base.items():
-            if not t.is_floating_point():
+            if not t.is_floating_point() or k in dp.frozen:
                 new[k] = t
                 continue
             noise = torch.randn(t.shape, generator=self.ctx.generator, dtype=torch.float64)
-            value = t.double() + self.sum.get(k, 0.0) + std * noise
+            step = self.sum.get(k, 0.0) + std * noise
+            if velocity is not None:
+                step = moved[k] = s.server_momentum * velocity[k] + step
+            value = t.double() + step
             if k.endswith("running_var"):
                 value = value.clamp(min=0.0)  # post-processing: a variance stays >= 0
             new[k] = value.to(t.dtype)
         payload = Payload(new)
-        eps = epsilon(s, self.ctx.round + 1)
+        metrics = {"dp_epsilon": epsilon(s, self.ctx.round + 1), "dp_delta": s.delta}
+        state = {**self.state, GLOBAL: new} | ({VELOCITY: velocity | moved} if moved else {})
+        if (adaptive := s.adaptive_clip) is not None:
+            count = self.unclipped + dp.count_noise * float(
+                torch.randn((), generator=self.ctx.generator, dtype=torch.float64)
+            )
+            share = count / len(dp.weights)
+            rate, target = adaptive.learning_rate, adaptive.quantile
+            state[CLIP] = self.clip * math.exp(-rate * (share - target))
+            metrics |= {"dp_clip": self.clip, "dp_unclipped_share": share}
         return ServerResult(
             {site.name: payload for site in self.ctx.spec.sites},
-            {**self.state, GLOBAL: new},
-            {"dp_epsilon": eps, "dp_delta": s.delta, "dp_noise_std": std},
+            state,
+            metrics | {"dp_noise_std": std},
         )

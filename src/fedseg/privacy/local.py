@@ -25,7 +25,7 @@ Gaussian) joins the round's client metrics in ``rounds.jsonl``.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -35,12 +35,9 @@ from fedseg.data.transforms import augment
 from fedseg.errors import ConfigError
 from fedseg.methods import Method
 from fedseg.methods.base import (
-    Aggregator,
     ClientContext,
     ClientResult,
     Payload,
-    ServerContext,
-    ServerResult,
     State,
 )
 from fedseg.methods.fedavg import FedAvg
@@ -176,17 +173,6 @@ class LocalDP(PrivateWrapper):
             "dp_sampling_rate": sgd.rate,
         }
         return ClientResult(res.upload, {**res.state, STEPS: sgd.steps}, metrics)
-
-    def init_server(self, model: nn.Module) -> ServerResult:
-        return self.inner.init_server(model)
-
-    def server_step(
-        self, uploads: Mapping[str, Payload], state: State, ctx: ServerContext
-    ) -> ServerResult:
-        return self.inner.server_step(uploads, state, ctx)
-
-    def aggregator(self, state: State, ctx: ServerContext) -> Aggregator:
-        return self.inner.aggregator(state, ctx)
 
 
 class DPSGD:

@@ -2,11 +2,41 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    field_validator,
+    model_validator,
+)
 
-__all__ = ["PrivacySettings", "SecureAggregation"]
+__all__ = ["MAX_NOISE", "AdaptiveClip", "PrivacySettings", "SecureAggregation"]
+
+MAX_NOISE = 1e6
+"""The largest ``noise_multiplier`` and noise standard deviation ``noise_multiplier * clip``
+taken: noise far above any parameter's scale leaves nothing of the model to train (the next
+round's uploads overflow), and the accountant's arithmetic overflows before 1e200."""
+
+
+class AdaptiveClip(BaseModel):
+    """Quantile-based adaptive clipping of central DP (Andrew et al. 2021, NeurIPS): after
+    each round ``clip <- clip * exp(-learning_rate * (b - quantile))``, ``b`` the noised share
+    of the round's updates that were not clipped; ``clip`` is the first round's value."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    quantile: float = Field(0.5, gt=0, lt=1)
+    """The target share of sites' updates left unclipped (gamma)."""
+    learning_rate: PositiveFloat = 0.2
+    """Step of the geometric update of the clip (eta_C)."""
+    count_noise: PositiveFloat | None = None
+    """Standard deviation of the Gaussian noise on the count of unclipped updates (sigma_b);
+    default: the number of sites / 20, as the paper recommends. Must exceed
+    ``noise_multiplier / 2``."""
 
 
 class SecureAggregation(BaseModel):
@@ -50,6 +80,20 @@ class PrivacySettings(BaseModel):
     """``central``: stop training before the round whose release would take epsilon above
     this value; ``local``: a site takes no DP-SGD step that would."""
 
+    adaptive_clip: AdaptiveClip | None = None
+    """``central`` only: adapt ``clip`` each round towards a quantile of the sites' update
+    norms; the noise on the count shares the privacy budget, so epsilon stays that of
+    ``noise_multiplier`` and the updates' noise is raised to compensate."""
+    server_momentum: float = Field(0.0, ge=0, lt=1)
+    """``central`` only: the global model moves by a momentum (heavy-ball) average of the
+    noised aggregates, post-processing that costs no privacy (0: plain DP-FedAvg)."""
+    init_from: Path | None = None
+    """A run directory (or its ``checkpoints/*.pt``) whose global model initialises the
+    network, e.g. one trained without DP on another federation."""
+    freeze: tuple[str, ...] = ()
+    """Parameter-name patterns (fnmatch, e.g. ``encoder.*``) kept at their ``init_from``
+    values: only the rest trains, and only the rest is noised under ``central``."""
+
     secure_aggregation: SecureAggregation | None = None
     """Sum the clipped updates with Flower's SecAgg+ (Flower engines only; needs
     ``mode: central``, whose clip bounds the values the protocol quantises)."""
@@ -61,6 +105,49 @@ class PrivacySettings(BaseModel):
                 "secure_aggregation needs mode: central: SecAgg+ quantises values within a "
                 "fixed range, which the clip of central DP bounds"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _central_only(self) -> PrivacySettings:
+        if self.mode != "central":
+            if self.adaptive_clip is not None:
+                raise ValueError("adaptive_clip needs mode: central (it adapts the update clip)")
+            if self.server_momentum:
+                raise ValueError("server_momentum needs mode: central")
+        if self.adaptive_clip is not None and self.secure_aggregation is not None:
+            raise ValueError(
+                "adaptive_clip does not combine with secure_aggregation: the server clips each "
+                "update with the current clip and counts the unclipped ones"
+            )
+        if self.freeze and self.init_from is None:
+            raise ValueError("freeze needs init_from: frozen parameters keep their initial values")
+        return self
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _off_word(cls, v: object) -> object:
+        """YAML reads ``off`` (and ``no``, ``false``) as false: take it as the user means."""
+        return "off" if v is False else v
+
+    @model_validator(mode="after")
+    def _bounded_noise(self) -> PrivacySettings:
+        if self.mode == "local" and self.weighting != "uniform":
+            raise ValueError(
+                f"weighting: {self.weighting} needs mode: central (local DP-SGD fixes no "
+                "aggregation weights: the method aggregates as it does without DP)"
+            )
+        if self.enabled:
+            std = self.noise_multiplier * self.clip
+            if self.noise_multiplier > MAX_NOISE:
+                raise ValueError(
+                    f"noise_multiplier {self.noise_multiplier:g}: expected at most {MAX_NOISE:g}"
+                )
+            if std > MAX_NOISE:
+                raise ValueError(
+                    f"clip {self.clip:g} * noise_multiplier {self.noise_multiplier:g} = "
+                    f"{std:g}: the noise's standard deviation must be at most {MAX_NOISE:g} "
+                    "(lower clip or noise_multiplier)"
+                )
         return self
 
     @property
