@@ -3,6 +3,7 @@ refuses to start a run on a broken folder."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -39,17 +40,20 @@ def check_federation(
     fed: FederatedDataset,
     batch_size: int | None = None,
     labels: Literal["full", "weak"] = "full",
+    sites: Sequence[str] | None = None,
 ) -> list[Problem]:
     """Every problem of ``fed``: missing, extra, damaged or unreadable files, samples breaking
     the on-disk contract (dtypes, shapes, value ranges, label values, spacing; docs/data.md),
     spacing on only some samples, empty sites, train splits smaller than ``batch_size`` and,
     when ``labels`` is ``weak`` (what ``fedseg data check`` checks unless told ``--labels
     full``), weak labels that the manifest's annotations call for but were never generated,
-    are missing or are stale."""
+    are missing or are stale. Sizes are checked only for ``sites`` (default: every site),
+    the sites a run uses."""
     problems = _check_site_folders(fed)
     spacing: dict[str, dict[str, bool]] = {}
     for site in fed.manifest.sites:
-        problems += _check_site_sizes(fed.root, site, batch_size)
+        if sites is None or site.name in sites:
+            problems += _check_site_sizes(fed.root, site, batch_size)
         if labels == "weak":
             problems += _check_weak_record(fed, site)
         spacing[site.name] = {}
@@ -59,11 +63,15 @@ def check_federation(
 
 
 def require_valid(
-    root: str | Path, batch_size: int | None = None, labels: Literal["full", "weak"] = "full"
+    root: str | Path,
+    batch_size: int | None = None,
+    labels: Literal["full", "weak"] = "full",
+    sites: Sequence[str] | None = None,
 ) -> FederatedDataset:
-    """Open ``root`` and raise DataError listing all problems unless it is valid."""
+    """Open ``root`` and raise DataError listing all problems unless it is valid (the sizes
+    of ``sites`` only, when given: :func:`check_federation`)."""
     fed = FederatedDataset.open(root)
-    problems = check_federation(fed, batch_size=batch_size, labels=labels)
+    problems = check_federation(fed, batch_size=batch_size, labels=labels, sites=sites)
     if problems:
         listing = "\n  ".join(str(p) for p in problems)
         raise DataError(

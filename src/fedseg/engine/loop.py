@@ -33,7 +33,7 @@ from fedseg.errors import ConfigError, FedsegError, UploadError
 from fedseg.methods import FederationSpec
 from fedseg.methods.base import Aggregator, Payload, payload_size
 from fedseg.methods.training import Precision, native_bf16
-from fedseg.privacy import privacy_report, rounds_within_budget
+from fedseg.privacy import epsilon, privacy_report, rounds_within_budget
 from fedseg.privacy.central import NoisySum
 from fedseg.tracking import round_listener
 
@@ -373,10 +373,18 @@ class Federation:
                     close()
 
     def _run(self, resume: bool, on_round: RoundCallback | None, overwrite: bool) -> dict[str, Any]:
+        cfg, total = self.cfg, self.cfg.train.rounds
+        last = rounds_within_budget(cfg.privacy, total)
+        if last == 0:
+            raise ConfigError(
+                f"privacy.target_epsilon {cfg.privacy.target_epsilon:g}: already round 1's "
+                f"release takes epsilon to {epsilon(cfg.privacy, 1):.3g} (delta "
+                f"{cfg.privacy.delta:g}), so no round would train; raise target_epsilon or "
+                "noise_multiplier"
+            )
         start, timing = self._start(resume, overwrite)
         loop = self.loop
         assert loop is not None
-        cfg, total = self.cfg, self.cfg.train.rounds
         log.info(
             "%s | %d sites %s, %s labels, %d rounds",
             loop.server.method.summary or cfg.method_name,
@@ -385,7 +393,6 @@ class Federation:
             cfg.data.labels,
             total,
         )
-        last = rounds_within_budget(cfg.privacy, total)
         if last < total:
             log.info(
                 "privacy.target_epsilon %g: training stops after round %d of %d",
@@ -396,6 +403,7 @@ class Federation:
         for r in range(start, last):
             t0, c0 = time.perf_counter(), time.process_time()
             record = loop.round(r)
+            self._require_finite(r)
             record["seconds"] = time.perf_counter() - t0
             record["cpu_seconds"] = time.process_time() - c0
             timing.append({"seconds": record["seconds"], "cpu_seconds": record["cpu_seconds"]})
@@ -474,6 +482,23 @@ class Federation:
                 "machine (engine.amp/channels_last 'auto' resolve by hardware); continue it "
                 "on a machine like the one it started on, or start a new run with --out"
             )
+
+    def _require_finite(self, r: int) -> None:
+        """ConfigError where round ``r`` left a non-finite model to download: it is neither
+        recorded nor checkpointed, so the run resumes from the round before."""
+        assert self.loop is not None
+        for site, payload in self.loop.server.payloads.items():
+            bad = [k for k, t in payload.tensors.items() if not bool(t.isfinite().all())]
+            if bad:
+                cause = (
+                    "the noise of privacy.noise_multiplier * privacy.clip"
+                    if self.cfg.privacy.mode == "central"
+                    else "training that diverged (train.lr?)"
+                )
+                raise ConfigError(
+                    f"round {r + 1}: the model sent to site {site!r} has non-finite values "
+                    f"({bad[0]}), likely from {cause}; it is not checkpointed"
+                )
 
     def _checkpoint(self, r: int, timing: list[dict[str, float]]) -> None:
         loop = self.loop

@@ -47,7 +47,7 @@ def prepare_data(cfg: RunConfig) -> Path:
             generate_weak_labels(root, seed=syn.seed)
     elif cfg.data.synth is not None:
         _check_matches_synth(cfg)
-    require_valid(root, cfg.train.batch_size, labels=cfg.data.labels)
+    require_valid(root, cfg.train.batch_size, labels=cfg.data.labels, sites=cfg.data.sites)
     return root
 
 

@@ -16,8 +16,9 @@ rates sites use and are dropped with a warning each time.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from fedseg.errors import ConfigError
@@ -52,7 +53,8 @@ def epsilon(settings: PrivacySettings, rounds: int) -> float:
         return 0.0
     dpa = _library()
     event = dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(settings.noise_multiplier), rounds)
-    return float(dpa.rdp.RdpAccountant().compose(event).get_epsilon(settings.delta))
+    with _arithmetic(settings):
+        return float(dpa.rdp.RdpAccountant().compose(event).get_epsilon(settings.delta))
 
 
 @functools.cache
@@ -64,7 +66,21 @@ def sgd_epsilon(settings: PrivacySettings, rate: float, steps: int) -> float:
     dpa = _library()
     step = dpa.PoissonSampledDpEvent(rate, dpa.GaussianDpEvent(settings.noise_multiplier))
     accountant = dpa.rdp.RdpAccountant(ORDERS)
-    return float(accountant.compose(step, steps).get_epsilon(settings.delta))
+    with _arithmetic(settings):
+        return float(accountant.compose(step, steps).get_epsilon(settings.delta))
+
+
+@contextlib.contextmanager
+def _arithmetic(settings: PrivacySettings) -> Iterator[None]:
+    """Name the setting where the accountant's arithmetic breaks down (an extreme
+    ``noise_multiplier``) instead of a bare OverflowError or ZeroDivisionError."""
+    try:
+        yield
+    except (OverflowError, ZeroDivisionError) as e:
+        raise ConfigError(
+            f"privacy.noise_multiplier {settings.noise_multiplier:g}: the accountant cannot "
+            f"compute epsilon there ({e})"
+        ) from None
 
 
 def _last_within(target: float, eps: Callable[[int], float], most: int) -> int:

@@ -19,7 +19,7 @@ __all__ = ["MAX_NOISE", "AdaptiveClip", "PrivacySettings", "SecureAggregation"]
 MAX_NOISE = 1e6
 """The largest ``noise_multiplier`` and noise standard deviation ``noise_multiplier * clip``
 taken: noise far above any parameter's scale leaves nothing of the model to train (the next
-round's uploads overflow), and the accountant's arithmetic overflows before 1e200."""
+round's uploads overflow), and dp-accounting's arithmetic overflows far above it (1e300)."""
 
 
 class AdaptiveClip(BaseModel):
