@@ -53,10 +53,12 @@ def _config(config: Path | None, resume: Path | None, set_: list[str] | None):
 
 
 def _print_results(run_dir: Path) -> None:
+    """The run's results.md, lines unwrapped (a piped console is 80 columns wide), and where
+    the run directory is."""
     md = run_dir / "results.md"
     if md.exists():
-        console.print(md.read_text(), markup=False)
-    console.print(f"run directory: {run_dir}")
+        console.print(md.read_text(), markup=False, highlight=False, soft_wrap=True)
+    console.print(f"run directory: {run_dir}", highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -129,7 +131,7 @@ def local(
             fed.run(
                 cfg,
                 settings,
-                on_line=lambda line: err.print(line, markup=False, highlight=False),
+                on_line=lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True),
             )
     except FedsegError as e:
         fail(e)
@@ -186,7 +188,7 @@ def server(
             write_connection(home, superlink, None if insecure else root_certificates)
             code = submit_run(
                 cfg, settings, Path(tmp) / "app", flower_env(home),
-                on_line=lambda line: err.print(line, markup=False, highlight=False),
+                on_line=lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True),
             )  # fmt: skip
         if code:
             raise FedsegError(f"flwr run exited with code {code}")

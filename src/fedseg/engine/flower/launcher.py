@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -36,6 +37,7 @@ __all__ = [
     "flower_env",
     "free_port",
     "process_env",
+    "shown_line",
     "site_command",
     "stop_process",
     "submit_run",
@@ -51,6 +53,20 @@ NODE_POLL = 0.2
 """Longest idle wait (seconds) of a loopback SuperNode before it asks for messages again."""
 LOCAL_SERVER_POLL = 0.2
 """Seconds between the loopback ServerApp's polls for replies."""
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_CHATTER = re.compile(
+    r"^(Using SuperLink: |Successfully started run |Successfully installed |Successfully built "
+    r"|INFO\s*:\s*(Starting logstream for run_id|Start `flwr-serverapp` process))"
+)
+"""``flwr run``'s own lines about submitting and installing the app (kept in its log)."""
+
+
+def shown_line(line: str) -> str | None:
+    """A line of ``flwr run`` as the terminal shows it: colour codes removed (they are
+    Flower's, written whether or not the output is a terminal); None for Flower's lines about
+    submitting and installing the app."""
+    text = _ANSI.sub("", line)
+    return None if _CHATTER.match(text) else text
 
 
 def free_port() -> int:
@@ -234,8 +250,9 @@ def _pump(
                 return
             fh.write(line)
             fh.flush()
-            if on_line is not None:
-                on_line(line.decode(errors="replace").rstrip())
+            shown = shown_line(line.decode(errors="replace").rstrip())
+            if on_line is not None and shown is not None:
+                on_line(shown)
 
 
 class LocalFederation:
