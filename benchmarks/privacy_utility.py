@@ -1,0 +1,220 @@
+"""Privacy-utility study: Dice against epsilon for central and local DP, one point per call.
+
+Usage: python benchmarks/privacy_utility.py --mode {off,central,local} --sites N
+       --per-site K [--noise Z] [--clip C] [--seed S] [--settings narrow,decoder,...]
+       [--rounds R] [--local-iters L] [--size PX] [--batch B] [--lr LR] [--out DIR]
+       [--work DIR]
+       python benchmarks/privacy_utility.py --summary [--out DIR]
+
+A point is FedAvg on a synthetic FAZ federation of N sites with K images each (full labels,
+equal site sizes, train/validation/test 0.7/0.1/0.2 per site), the UNet with group norm
+(BatchNorm cannot run under local DP and its statistics would be noised under central DP),
+in-process, at ``delta`` = DELTA (fixed for every point). ``--settings`` adds, comma
+separated, the settings under which DP is known to work better:
+
+- ``narrow``: widths 8, 16, 32, 64 instead of 16 .. 256 (about 16 x fewer parameters);
+- ``decoder``: the network starts from a model trained without DP on another federation
+  (the same task and shape, synthesised with another seed; cached under the ``--work``
+  folder, default data/privacy-utility, with the federations and run folders) and
+  only the decoder trains (``privacy.init_from`` + ``freeze: [encoder.*]``);
+- ``momentum``: server momentum 0.9 (central only);
+- ``adaptive``: adaptive clipping to the median update norm (central only; ``--clip`` is
+  the start).
+
+Each point is written as DIR/<key>.json (default DIR: docs/evidence/privacy/utility) and an
+existing point is not run again, so the grid fills up over several sessions. ``--summary``
+prints the points as a table (Dice x 100, epsilon, and Dice as a share of the point without
+DP with the same federation, settings and seed) and writes DIR/table.md. The grid of
+docs/privacy.md: sites 5, 20, 100; K 50, 200; central z in 0.5 .. 5; local z in 0.5 .. 2;
+2 seeds where affordable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from fedseg.config import parse_config
+from fedseg.engine.runner import InProcessRunner
+
+DELTA = 1e-4
+"""The delta of every point's epsilon."""
+OUT = Path(__file__).parents[1] / "docs" / "evidence" / "privacy" / "utility"
+SETTINGS = ("narrow", "decoder", "momentum", "adaptive")
+WIDTHS = {"base": [16, 32, 64, 128, 256], "narrow": [8, 16, 32, 64]}
+
+
+def point_key(args: argparse.Namespace) -> str:
+    """The file name of a point (every argument that changes its result)."""
+    z = "" if args.mode == "off" else f"-z{args.noise:g}-c{args.clip:g}"
+    tag = "+".join(sorted(args.settings)) or "base"
+    shape = f"r{args.rounds}x{args.local_iters}-px{args.size}-b{args.batch}-lr{args.lr:g}"
+    return f"{args.mode}{z}-s{args.sites}-n{args.per_site}-{tag}-{shape}-seed{args.seed}"
+
+
+def run_config(args: argparse.Namespace, data_seed: int, privacy: dict[str, Any]) -> Any:
+    widths = WIDTHS["narrow" if "narrow" in args.settings else "base"]
+    data = {
+        "root": str(args.work / f"faz-s{args.sites}-n{args.per_site}-px{args.size}-d{data_seed}"),
+        "labels": "full",
+        "synth": {
+            "task": "faz",
+            "sites": args.sites,
+            "size": args.size,
+            "per_site": args.per_site,
+            "site_weights": [1.0] * args.sites,
+            "weak_labels": False,
+            "seed": data_seed,
+        },
+    }
+    return parse_config(
+        {
+            "seed": args.seed,
+            "data": data,
+            "method": {"name": "fedavg"},
+            "model": {
+                "name": "unet",
+                "widths": widths,
+                "dropout": [0.0] * len(widths),
+                "norm": "group",
+            },
+            "train": {
+                "rounds": args.rounds,
+                "local_iters": args.local_iters,
+                "batch_size": args.batch,
+                "lr": args.lr,
+                "augment": False,
+            },
+            "eval": {"every": 0, "save_models": False},
+            "engine": {"device": "cpu"},
+            "privacy": privacy,
+        }
+    )
+
+
+def pretrained(args: argparse.Namespace) -> Path:
+    """A run without DP on another federation (data seed 1), the start of ``decoder``."""
+    narrow = [s for s in args.settings if s == "narrow"]
+    run = (
+        args.work
+        / "pretrain"
+        / point_key(argparse.Namespace(**{**vars(args), "mode": "off", "settings": narrow}))
+    )
+    if not (run / "checkpoints" / "last.pt").is_file():
+        InProcessRunner(run_config(args, 1, {"mode": "off"}), run).run()
+    return run
+
+
+def privacy_block(args: argparse.Namespace) -> dict[str, Any]:
+    block: dict[str, Any] = {"mode": args.mode}
+    if args.mode != "off":
+        block |= {"clip": args.clip, "noise_multiplier": args.noise, "delta": DELTA}
+    if "momentum" in args.settings:
+        block["server_momentum"] = 0.9
+    if "adaptive" in args.settings:
+        block["adaptive_clip"] = {"quantile": 0.5, "learning_rate": 0.2}
+    if "decoder" in args.settings:
+        block |= {"init_from": str(pretrained(args)), "freeze": ["encoder.*"]}
+    return block
+
+
+def run_point(args: argparse.Namespace) -> dict[str, Any]:
+    cfg = run_config(args, 0, privacy_block(args))
+    run = args.work / "runs" / point_key(args)
+    t0 = time.perf_counter()
+    res = InProcessRunner(cfg, run).run()
+    dice = 100 * statistics.fmean(res["average"]["dsc"].values())
+    return {
+        "key": point_key(args),
+        "mode": args.mode,
+        "sites": args.sites,
+        "per_site": args.per_site,
+        "noise_multiplier": None if args.mode == "off" else args.noise,
+        "clip": None if args.mode == "off" else args.clip,
+        "settings": sorted(args.settings),
+        "seed": args.seed,
+        "rounds": args.rounds,
+        "local_iters": args.local_iters,
+        "size": args.size,
+        "batch": args.batch,
+        "delta": DELTA,
+        "epsilon": res.get("privacy", {}).get("epsilon"),
+        "dice": dice,
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def _group(r: dict[str, Any]) -> tuple[Any, ...]:
+    """What a point's no-DP reference shares with it: federation, schedule, seed, network."""
+    shape = ("sites", "per_site", "rounds", "local_iters", "size", "batch", "seed")
+    net = tuple(s for s in r["settings"] if s in ("narrow", "decoder"))
+    return (*(r[k] for k in shape), net)
+
+
+def summary(out: Path) -> str:
+    """The measured points as a markdown table."""
+    rows = [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
+    base = {_group(r): r["dice"] for r in rows if r["mode"] == "off"}
+    lines = [
+        f"| mode | sites | images per site | settings | z | epsilon (delta {DELTA:g}) "
+        "| Dice x 100 | share of no-DP Dice | rounds x steps, px, seed |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---|",
+    ]
+    for r in sorted(rows, key=lambda r: (r["sites"], r["per_site"], r["mode"], r["key"])):
+        ref = base.get(_group(r))
+        share = "-" if not ref or r["mode"] == "off" else f"{r['dice'] / ref:.0%}"
+        eps = "-" if r["epsilon"] is None else f"{r['epsilon']:.3g}"
+        z = "-" if r["noise_multiplier"] is None else f"{r['noise_multiplier']:g}"
+        lines.append(
+            f"| {r['mode']} | {r['sites']} | {r['per_site']} | {'+'.join(r['settings']) or 'base'}"
+            f" | {z} | {eps} | {r['dice']:.1f} | {share} | {r['rounds']} x {r['local_iters']}, "
+            f"{r['size']}, {r['seed']} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mode", choices=("off", "central", "local"))
+    ap.add_argument("--sites", type=int, default=5)
+    ap.add_argument("--per-site", type=int, default=200)
+    ap.add_argument("--noise", type=float, default=1.0)
+    ap.add_argument("--clip", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--settings", type=lambda s: [x for x in s.split(",") if x], default=[])
+    ap.add_argument("--rounds", type=int, default=25)
+    ap.add_argument("--local-iters", type=int, default=8)
+    ap.add_argument("--size", type=int, default=48)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--lr", type=float, default=0.005)
+    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--work", type=Path, default=Path("data/privacy-utility"))
+    ap.add_argument("--summary", action="store_true")
+    args = ap.parse_args()
+    if args.summary:
+        table = summary(args.out)
+        print(table)
+        (args.out / "table.md").write_text(table + "\n")
+        return
+    if args.mode is None:
+        ap.error("--mode is needed (or --summary)")
+    if bad := [s for s in args.settings if s not in SETTINGS]:
+        ap.error(f"--settings: unknown {bad}; choose from {', '.join(SETTINGS)}")
+    if args.mode != "central" and {"momentum", "adaptive"} & set(args.settings):
+        ap.error("--settings momentum and adaptive need --mode central")
+    file = args.out / f"{point_key(args)}.json"
+    if file.is_file():
+        print(f"{file}: already measured")
+        return
+    point = run_point(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    file.write_text(json.dumps(point, indent=2) + "\n")
+    print(json.dumps(point, indent=2))
+
+
+if __name__ == "__main__":
+    main()
