@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 from test_verdicts import toy_paper  # noqa: F401  (the toy paper of the verdict tests)
 from typer.testing import CliRunner
 
@@ -89,3 +90,17 @@ def test_rerun_replaces_the_kept_run_when_asked(tmp_path, kept):
     shutil.rmtree(tmp_path / "out")
     reproduce("toy", "t", "evidence", tmp_path / "out", rows=["A"], evidence=kept)
     assert not (tmp_path / "out" / "a").exists()
+
+
+def test_a_kept_run_of_other_settings_is_not_replaced_unasked(tmp_path, kept):
+    # e.g. a default changed since the run was kept: it is replaced only with --rerun
+    run = kept / "runs" / "a" / "seed0"
+    raw = yaml.safe_load((run / "config.yaml").read_text())
+    raw["train"]["lr"] = 0.5
+    (run / "config.yaml").write_text(yaml.safe_dump(raw))
+    before = (run / "results.json").read_bytes()
+    with pytest.raises(ConfigError, match=r"train\.lr=0\.5, this run has .*--rerun"):
+        reproduce("toy", "t", "evidence", tmp_path / "out", rows=["A"], evidence=kept)
+    assert (run / "results.json").read_bytes() == before and not (tmp_path / "out").exists()
+    reproduce("toy", "t", "evidence", tmp_path / "out", rows=["A"], evidence=kept, rerun=True)
+    assert yaml.safe_load((run / "config.yaml").read_text())["train"]["lr"] != 0.5

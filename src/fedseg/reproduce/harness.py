@@ -38,6 +38,7 @@ from fedseg.reproduce.runs import (
     Job,
     finished_run,
     keep_run,
+    kept_difference,
     require_readable,
     run_config,
     run_jobs,
@@ -119,8 +120,9 @@ def apply_budget(
 def refuse_other_budget(kept: Path, cfg: RunConfig) -> None:
     """ConfigError if ``kept`` holds a finished run of other data or another budget than
     ``cfg`` (:data:`~fedseg.reproduce.verdicts.COMPARED_SETTINGS`): an evidence folder keeps
-    one budget, and training ``cfg`` would replace that run. (A run of the same budget under
-    an older default is replaced: that is how a table follows a changed default.)"""
+    one budget, and training ``cfg`` would replace that run, even with ``--rerun``. (A run
+    of the same budget under an older default is replaced with ``--rerun`` only: that is how
+    a table follows a changed default.)"""
     stored = stored_config(kept)
     if stored is None:
         return
@@ -278,6 +280,12 @@ def reproduce(
             kept = evidence / "runs" / name if evidence else None
             if kept is not None and (rerun or not finished_run(kept, cfg)):
                 refuse_other_budget(kept, cfg)
+                why = None if rerun else kept_difference(kept, cfg)
+                if why:
+                    raise ConfigError(
+                        f"{kept} holds a finished run with {why}: a kept run is not replaced "
+                        "unasked; pass --rerun (with --row) to train it again and replace it"
+                    )
                 if not rerun:
                     reuse_kept_elsewhere(kept, evidence.parent, paper, cfg)
             jobs.append(Job(run_raw, path, out / name, kept, rerun))

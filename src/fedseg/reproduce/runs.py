@@ -18,7 +18,7 @@ import yaml
 
 from fedseg.config import RunConfig, parse_config
 from fedseg.engine.device import resolve_device
-from fedseg.engine.rundir import RunDir
+from fedseg.engine.rundir import RunDir, config_changes
 from fedseg.errors import ConfigError
 from fedseg.methods.training import native_bf16
 from fedseg.reporting.runs import read_results
@@ -32,6 +32,7 @@ __all__ = [
     "finished_run",
     "interrupted_run",
     "keep_run",
+    "kept_difference",
     "predates_synth_seed",
     "require_readable",
     "run_config",
@@ -99,6 +100,20 @@ def finished_run(run_dir: Path, cfg: RunConfig) -> bool:
     except ConfigError:
         return False
     return _same_bf16_hardware(used, cfg)
+
+
+def kept_difference(kept: Path, cfg: RunConfig) -> str | None:
+    """Why the finished run kept in ``kept`` is not one of ``cfg`` (the first setting that
+    differs, e.g. a default changed since, or the bf16 hardware of ``engine.amp: auto``), or
+    None where it is one or ``kept`` holds no finished run."""
+    stored = stored_config(kept)
+    if stored is None or finished_run(kept, cfg):
+        return None
+    changes = config_changes(_comparable(stored), _comparable(cfg))
+    if changes:
+        key, (was, now) = next(iter(changes.items()))
+        return f"{key}={was!r}, this run has {now!r}"
+    return "it was made on hardware that computes bf16 otherwise (engine.amp: auto resolves apart)"
 
 
 def require_readable(kept: Path) -> None:
