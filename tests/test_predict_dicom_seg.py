@@ -14,7 +14,7 @@ from torch import nn
 from dicom_fixtures import ct_series
 from fedseg.data.importers.dicom import dicom_volume, import_dicom, read_series
 from fedseg.data.importers.dicom_seg import read_seg, write_seg
-from fedseg.errors import DataError
+from fedseg.errors import ConfigError, DataError
 from fedseg.evaluation import argmax_segment
 from fedseg.inference import ModelInfo, SiteModel, predict_files
 
@@ -108,3 +108,34 @@ def test_a_folder_without_dicom_series_is_refused(tmp_path: Path) -> None:
     (tmp_path / "in" / "notes.txt").write_text("no images")
     with pytest.raises(DataError, match="no DICOM image series"):
         predict_files(model(2, (8, 8)), tmp_path / "in", tmp_path / "o", output_format="dicom-seg")
+
+
+def test_spacing_predicts_at_the_import_spacing_and_returns_to_the_series_grid(
+    tmp_path: Path,
+) -> None:
+    hu = np.full((4, 12, 12), -1000, np.int16)
+    hu[:, 2:10, 2:10] = 0  # soft tissue on even voxel boundaries: exact at half resolution
+    hu[:, 5, 2:10] = 600  # a one-voxel line of bone, which 1.6 mm pixels blur away
+    ct_series(tmp_path / "s", hu)  # 3 x 0.8 x 0.8 mm
+    window = (-1000.0, 1000.0)
+    sm = model(3, (4, 6, 6))
+    native = predict_files(
+        sm, tmp_path / "s", tmp_path / "a", output_format="dicom-seg", ct_window=window
+    )
+    coarse = predict_files(
+        sm,
+        tmp_path / "s",
+        tmp_path / "b",
+        output_format="dicom-seg",
+        ct_window=window,
+        spacing=(3.0, 1.6, 1.6),
+    )
+    (series,) = read_series(tmp_path / "s")
+    at_native = read_seg(native[0], series, {1: 1, 2: 2})
+    at_coarse = read_seg(coarse[0], series, {1: 1, 2: 2})
+    expected = np.digitize((hu + 1000) / 2000, [0.25, 0.75])
+    assert np.array_equal(at_native, expected)
+    expected[:, 5, 2:10] = 1  # (600 + 0) / 2 HU: soft tissue at 1.6 mm
+    assert at_coarse.shape == series.shape and np.array_equal(at_coarse, expected)
+    with pytest.raises(ConfigError, match="--spacing needs 3 positive values"):
+        predict_files(sm, tmp_path / "s", tmp_path / "c", spacing=(1.0, 1.0))

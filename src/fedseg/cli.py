@@ -380,6 +380,10 @@ def predict(
 ) -> None:
     """Segment new images with a site's model: PNG masks (label values) for images, NIfTI
     masks with the input's header for volumes, DICOM-SEGs for DICOM series (--format
+    spacing: Annotated[
+        str | None,
+        typer.Option(help="mm, as the import's --spacing: volumes resampled, masks back."),
+    ] = None,
     dicom-seg); see docs/predict.md."""
     from fedseg.engine.device import resolve_device
     from fedseg.errors import ConfigError
@@ -402,11 +406,11 @@ def predict(
             model = RunModels(source, device=dev, data_root=data).site_model(site)
         if not 0 <= overlap < 1:
             raise ConfigError(f"--overlap must lie in [0, 1), got {overlap}")
-        window = None
-        if ct_window is not None:
-            from fedseg.data.cli import _window
+        from fedseg.data.cli import _floats, _window
 
-            window = _window(ct_window)
+        voxel = None if spacing is None else _floats(spacing, "--spacing")
+        if voxel is not None and len(voxel) == 1:
+            voxel *= model.info.ndim
         written = predict_files(
             model,
             input_,
@@ -416,7 +420,8 @@ def predict(
             axis=axis,
             batch_size=batch_size,
             output_format=output_format,  # type: ignore[arg-type]
-            ct_window=window,
+            ct_window=_window(ct_window),
+            spacing=voxel,
         )
     except FedsegError as e:
         fail(e)

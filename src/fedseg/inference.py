@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -32,6 +33,7 @@ from fedseg.data.importers.folder import read_image as read_image_file
 from fedseg.data.importers.nifti import NIFTI_EXTENSIONS
 from fedseg.data.importers.nifti import load_volume as load_ras_volume
 from fedseg.data.manifest import Manifest
+from fedseg.data.resample import resample_image, resample_mask
 from fedseg.engine.link import InMemoryLink
 from fedseg.engine.rundir import RunDir
 from fedseg.engine.runner import site_state_settings
@@ -328,6 +330,23 @@ def input_files(folder: Path) -> list[Path]:
     return files
 
 
+@dataclass(frozen=True)
+class _Volumes:
+    """How volumes are prepared and predicted (``predict_files``' options)."""
+
+    fit: Fit
+    overlap: float
+    axis: int
+    batch_size: int
+    ct_window: tuple[float, float] | None
+    spacing: tuple[float, ...] | None
+
+    @property
+    def order(self) -> list[int]:
+        """RAS axes with ``axis`` first."""
+        return [self.axis] + [a for a in range(3) if a != self.axis]
+
+
 def predict_files(
     site_model: SiteModel,
     folder: str | Path,
@@ -339,6 +358,7 @@ def predict_files(
     batch_size: int = 4,
     output_format: Format = "auto",
     ct_window: tuple[float, float] | None = None,
+    spacing: Sequence[float] | None = None,
 ) -> list[Path]:
     """Write a label map for every image and volume in ``folder`` into ``out``.
 
@@ -348,8 +368,13 @@ def predict_files(
     predicted by sliding windows of the training size (``fit="window"``) or resized to it
     (``fit="resize"``, for runs imported with resizing). Label maps go back to the input's
     size and orientation: ``<name>.png`` (uint8 labels) or ``<name>.nii.gz`` with the
-    input's affine and header. ``ct_window`` (LOW, HIGH in HU) scales volumes as the
-    importers' ``--ct-window`` did (give the window of the import).
+    input's affine and header.
+
+    Give the import's settings: ``ct_window`` (LOW, HIGH in HU) scales volumes as
+    ``--ct-window`` did; ``spacing`` (mm; 2D models H,W, 3D D,H,W with ``axis`` first)
+    resamples volumes as ``--spacing`` did (linear) and the labels back to the input's grid
+    (nearest); 2D slices are then predicted by sliding windows of the training size, as
+    imports with ``--spacing`` cropped them, not resized.
 
     ``output_format="dicom-seg"`` reads the DICOM image series in ``folder`` instead (any file
     names), prepared as by ``import-dicom``, and writes one DICOM-SEG per series (named by the
@@ -363,18 +388,25 @@ def predict_files(
     check_window(ct_window, "--ct-window")
     if output_format not in FORMATS:
         raise ConfigError(f"--format must be one of {FORMATS}, got {output_format!r}")
+    ndim = site_model.info.ndim
+    if spacing is not None and (
+        len(spacing) != ndim or not all(0 < v < float("inf") for v in spacing)
+    ):
+        raise ConfigError(
+            f"--spacing needs {ndim} positive values in mm for a {ndim}D model, got "
+            f"{tuple(spacing)}"
+        )
+    how = _Volumes(
+        fit, overlap, axis, batch_size, ct_window, None if spacing is None else tuple(spacing)
+    )
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if output_format == "dicom-seg":
-        return _predict_dicom(
-            site_model, Path(folder), out, fit, overlap, axis, batch_size, ct_window
-        )
+        return _predict_dicom(site_model, Path(folder), out, how)
     written = []
     for path in input_files(Path(folder)):
         if _is_nifti(path):
-            written.append(
-                _predict_volume(site_model, path, out, fit, overlap, axis, batch_size, ct_window)
-            )
+            written.append(_predict_volume(site_model, path, out, how))
         else:
             written.append(_predict_image(site_model, path, out, batch_size))
         log.info("%s -> %s", path.name, written[-1])
@@ -408,34 +440,44 @@ def _predict_image(sm: SiteModel, path: Path, out: Path, batch_size: int) -> Pat
 
 
 def _volume_labels(
-    sm: SiteModel, volume: np.ndarray, fit: Fit, overlap: float, batch_size: int
+    sm: SiteModel, volume: np.ndarray, zooms: Sequence[float], how: _Volumes
 ) -> np.ndarray:
-    """uint8 label map of a scaled volume ``(D, H, W)`` (depth axis first): slice by slice
-    (2D models, each slice resized), by sliding windows or resized (3D models, ``fit``)."""
-    info = sm.info
-    if info.ndim == 2:
+    """uint8 label map of a scaled volume ``(D, H, W)`` (depth axis first) with voxel size
+    ``zooms``: slice by slice (2D models, each slice resized), by sliding windows or resized
+    (3D models, ``how.fit``). With ``how.spacing`` the volume is resampled to it first, 2D
+    slices are windowed instead of resized, and the labels are resampled back to ``zooms``
+    (the grid's first corner stays put, so the far edges are cropped or padded to fit)."""
+    info, shape = sm.info, volume.shape
+    windowed = how.fit == "window" if info.ndim == 3 else how.spacing is not None
+    target = tuple(zooms)
+    if how.spacing is not None:
+        target = (zooms[0], *how.spacing) if info.ndim == 2 else how.spacing
+        volume = resample_image(volume, zooms, target)
+    if windowed and info.ndim == 2:
+        labels = np.stack(
+            [
+                window_labels(sm, torch.from_numpy(s[None]), how.overlap, how.batch_size).numpy()
+                for s in volume
+            ]
+        )
+    elif windowed:
+        labels = window_labels(sm, torch.from_numpy(volume[None]), how.overlap, how.batch_size)
+        labels = labels.numpy()
+    elif info.ndim == 2:
         slices = np.stack([resize_image(s[None], info.spatial_shape) for s in volume])
-        labels = sm.label_maps(torch.from_numpy(slices), batch_size).numpy()
+        labels = sm.label_maps(torch.from_numpy(slices), how.batch_size).numpy()
         labels = np.stack([resize_mask(lab, volume.shape[1:]) for lab in labels])
-    elif fit == "resize":
-        x = torch.from_numpy(resize_image(volume[None], info.spatial_shape))[None]
-        labels = resize_mask(sm.label_maps(x, batch_size)[0].numpy(), volume.shape)
     else:
-        x = torch.from_numpy(volume[None])
-        labels = window_labels(sm, x, overlap, batch_size).numpy()
-    return labels.astype(np.uint8)
+        x = torch.from_numpy(resize_image(volume[None], info.spatial_shape))[None]
+        labels = resize_mask(sm.label_maps(x, how.batch_size)[0].numpy(), volume.shape)
+    labels = labels.astype(np.uint8)
+    if how.spacing is None:
+        return labels
+    back = resample_mask(labels, target, zooms)[tuple(slice(n) for n in shape)]
+    return np.pad(back, [(0, n - m) for n, m in zip(shape, back.shape, strict=True)])
 
 
-def _predict_dicom(
-    sm: SiteModel,
-    folder: Path,
-    out: Path,
-    fit: Fit,
-    overlap: float,
-    axis: int,
-    batch_size: int,
-    ct_window: tuple[float, float] | None,
-) -> list[Path]:
+def _predict_dicom(sm: SiteModel, folder: Path, out: Path, how: _Volumes) -> list[Path]:
     """A DICOM-SEG ``<series hash>.dcm`` for every image series in ``folder``, the volume
     prepared as ``import-dicom`` prepares it and the labels put back on the series' grid."""
     from fedseg import __version__
@@ -448,13 +490,12 @@ def _predict_dicom(
     found = read_series(folder)
     if not found:
         raise DataError(f"--input {folder}: no DICOM image series (--format dicom-seg)")
-    order = [axis] + [a for a in range(3) if a != axis]
     written = []
     for series in found:
         _check_channels(sm.info, series.paths[0], 1)
-        volume, _, ornt = dicom_volume(series, axis, ct_window)
-        labels = _volume_labels(sm, volume, fit, overlap, batch_size)
-        grid = from_ras(np.transpose(labels, np.argsort(order)), ornt)
+        volume, zooms, ornt = dicom_volume(series, how.axis, how.ct_window)
+        labels = _volume_labels(sm, volume, zooms, how)
+        grid = from_ras(np.transpose(labels, np.argsort(how.order)), ornt)
         target = out / f"{series_hash(series.uid)[:12]}.dcm"
         name = f"fedseg {sm.info.method} ({sm.info.site})"
         written.append(
@@ -466,25 +507,16 @@ def _predict_dicom(
     return written
 
 
-def _predict_volume(
-    sm: SiteModel,
-    path: Path,
-    out: Path,
-    fit: Fit,
-    overlap: float,
-    axis: int,
-    batch_size: int,
-    ct_window: tuple[float, float] | None,
-) -> Path:
+def _predict_volume(sm: SiteModel, path: Path, out: Path, how: _Volumes) -> Path:
     import nibabel as nib
 
     canon, data = load_ras_volume(path, "image")  # a damaged file is named as such first
     _check_channels(sm.info, path, 1)
-    order = [axis] + [a for a in range(3) if a != axis]
-    volume = np.transpose(data, order)
-    volume = normalize_intensity(volume) if ct_window is None else apply_window(volume, ct_window)
-    labels = _volume_labels(sm, volume, fit, overlap, batch_size)
-    ras = np.transpose(labels, np.argsort(order))
+    volume = np.transpose(data, how.order)
+    window = how.ct_window
+    volume = normalize_intensity(volume) if window is None else apply_window(volume, window)
+    zooms = nib.affines.voxel_sizes(canon.affine)[how.order]
+    ras = np.transpose(_volume_labels(sm, volume, zooms, how), np.argsort(how.order))
     original = nib.load(path)
     ornt = nib.orientations.ornt_transform(
         nib.orientations.io_orientation(canon.affine),
