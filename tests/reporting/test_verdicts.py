@@ -17,7 +17,7 @@ import yaml
 
 from fedseg.errors import ConfigError
 from fedseg.reporting.stats import holm, paired
-from fedseg.reproduce import papers
+from fedseg.reproduce import papers, protocol
 from fedseg.reproduce.budget import Attempt, gain
 from fedseg.reproduce.evidence import render_markdown, write_index
 from fedseg.reproduce.harness import reproduce
@@ -317,7 +317,7 @@ def test_identical_configs_end_to_end_and_the_evidence_folder(tmp_path, toy_pape
     )
     index = (tmp_path / "evidence" / "README.md").read_text()
     # one claim, run and unresolved; the paper's other table not run yet
-    assert "| Toy paper | 2 | 0 | 0 | 1 | 0 | 1 |" in index
+    assert "| Toy paper | 2 | 0 | 0 | 1 | 0 | 0 | 0 | 1 |" in index
     assert "| a-beats-b | A beats B | unresolved |" in index
     assert "| b-beats-a | B beats A | not run |" in index
     assert "| toyfed | toy | train.rounds=2 | converged |" in index  # the budgets table
@@ -328,7 +328,7 @@ def test_identical_configs_end_to_end_and_the_evidence_folder(tmp_path, toy_pape
     (archived / "README.md").write_text("# Toy pages on the old federation\n\nwhy\n")
     shutil.copytree(evidence, archived / "toy-t")  # an archived page is not counted
     index = write_index(tmp_path / "evidence").read_text()
-    assert "| Toy paper | 2 | 0 | 0 | 1 | 0 | 1 |" in index
+    assert "| Toy paper | 2 | 0 | 0 | 1 | 0 | 0 | 0 | 1 |" in index
     assert "- [Toy pages on the old federation](archive/old-federation/README.md)" in index
     (tmp_path / "evidence" / "readings.md").write_text("# What the verdicts say\n")
     index = write_index(tmp_path / "evidence").read_text()
@@ -622,3 +622,52 @@ def test_an_interrupted_run_continues_from_its_checkpoint_to_the_same_numbers(tm
     resumed = run_config(copy.deepcopy(raw), cut)
     assert resumed["sites"] == full["sites"]
     assert (cut / "rounds.jsonl").read_text().startswith(before)  # rounds 0-1 not rerun
+
+
+def test_a_claim_on_a_row_measured_inert_is_not_testable(tmp_path):
+    runs = {
+        "ours": _row(tmp_path, "ours", [[v + 0.05 for v in BASE]]),
+        "base": _row(tmp_path, "base", [BASE]),
+    }
+    table = _table(_claim())
+    assert analyse(table, runs, ["dsc"]).claims[0].verdict == "holds"
+    (v,) = analyse(table, runs, ["dsc"], inert={"ours": "4 tokens (< 8)"}).claims
+    assert v.verdict == "not testable at this size" and v.reason == "ours: 4 tokens (< 8)"
+    assert v.comparisons[0].stats.median == pytest.approx(5.0)  # still shown, no verdict drawn
+    assert analyse(table, runs, ["dsc"], inert={"other": "x"}).claims[0].verdict == "holds"
+
+
+def test_render_only_trains_nothing_and_marks_a_changed_table(tmp_path, toy_paper):
+    raw, write = toy_paper
+    sheet = [
+        {"aspect": a, "paper": "not stated", "ours": "x", "status": "not stated"}
+        for a in protocol.ASPECTS
+    ]
+    sheet[4] = {"aspect": "rounds", "paper": "400", "ours": "2", "status": "forced",
+                "why": "CPU", "cost": {"factor": 200, "basis": "400 / 2 rounds"}}  # fmt: skip
+    raw["tables"]["t"]["protocol"] = sheet
+    write(raw)
+    evidence = tmp_path / "evidence" / "toy-t"
+    reproduce("toy", "t", "evidence", tmp_path / "out", evidence=evidence)
+    page = (evidence / "table.md").read_text()
+    assert "| rounds | 400 | 2 | `—` " not in page and "| rounds | 400 | 2 | — |" in page
+    assert "**forced**: about" in page and "(400 / 2 rounds); CPU |" in page
+    assert "| DSC (%) | 95 % CI |" in page and "![Per-case values" in page
+    index = (evidence.parent / "README.md").read_text()
+    assert "| toy | [t](toy-t/table.md) | 1 unresolved | rounds: 2 |" in index
+    # the config changes after the runs: a rerun would train; render-only does not
+    raw["tables"]["t"]["set"].append("train.lr=0.002")
+    raw["tables"]["t"]["changed"] = {"date": "2026-12-01", "what": "lr 0.002 now."}
+    sheet[3] = {**sheet[3], "status": "unforced", "paper": "0.002", "ours": "0.001"}
+    write(raw)
+    rep = reproduce("toy", "t", "evidence", tmp_path / "re", evidence=evidence, render_only=True)
+    assert not (tmp_path / "re" / "a").exists() and not (tmp_path / "re" / "b").exists()
+    assert [len(r.results) for r in rep.rows] == [1, 1]  # the kept runs, under the old config
+    page = (evidence / "table.md").read_text()
+    assert "> **Config changed on 2026-12-01, rows pending rerun.** lr 0.002 now." in page
+    assert "| learning rate and schedule | 0.002 | 0.001 | — | **unforced** |" in page
+    index = (evidence.parent / "README.md").read_text()
+    assert "| a-beats-b | A beats B | pending rerun (config changed on 2026-12-01; was " in index
+    assert "| Toy paper | 1 | 0 | 0 | 0 | 0 | 0 | 1 | 0 |" in index
+    with pytest.raises(ConfigError, match="--render-only renders an evidence page"):
+        reproduce("toy", "t", "smoke", tmp_path / "x", render_only=True)

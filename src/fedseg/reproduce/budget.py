@@ -17,7 +17,6 @@ never read). Only the control rows' curves decide the budget: never a method und
 from __future__ import annotations
 
 import copy
-import json
 import math
 import statistics
 from collections.abc import Callable, Sequence
@@ -29,6 +28,7 @@ import yaml
 
 from fedseg.config import parse_config
 from fedseg.errors import ConfigError
+from fedseg.reporting.runs import read_results, read_rounds
 from fedseg.reproduce.harness import EVIDENCE_ROOT, row_config, slug
 from fedseg.reproduce.papers import PAPERS_DIR, PaperTable, load_paper
 from fedseg.reproduce.runs import Job, run_jobs
@@ -64,12 +64,11 @@ def curve(run_dir: Path) -> list[tuple[int, float]]:
     """(round, validation DSC in points) of a calibration run: its periodic evaluations and
     the final one (on the validation split)."""
     points = []
-    for line in (run_dir / "rounds.jsonl").read_text().splitlines():
-        rec = json.loads(line)
+    for rec in read_rounds(run_dir):
         if rec.get("eval"):
             values = [v for site in rec["eval"].values() for v in site.values()]
             points.append((int(rec["round"]) + 1, 100 * statistics.fmean(values)))
-    results = json.loads((run_dir / "results.json").read_text())
+    results = read_results(run_dir / "results.json")
     final = [float(v) for v in results["average"]["dsc"].values()]
     rounds = len(results["timing"]["round_seconds"])
     points.append((rounds, 100 * statistics.fmean(final)))

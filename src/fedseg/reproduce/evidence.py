@@ -217,9 +217,8 @@ def _mechanism_lines(rep: Reproduction) -> list[str]:
                 else "acts"
             )
             lines.append(f"| {m.what} | {label} | {got.text} | {bound} | {reading} |")
-        if m.needs:
-            lines += ["", f"{m.what}: {m.needs}", ""]
-    return lines
+    needs = [f"- {m.what}: {m.needs}" for m in t.mechanisms if m.needs]
+    return [*lines, "", *needs] if needs else lines
 
 
 def render_markdown(rep: Reproduction) -> str:

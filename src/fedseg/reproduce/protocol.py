@@ -259,7 +259,7 @@ def _aaw(runs: Sequence[Path], configs: Sequence[Mapping[str, Any]]) -> Measurem
 
 def _aux_weights(runs: Sequence[Path], configs: Sequence[Mapping[str, Any]]) -> Measurement:
     """How far FedLPPA's auxiliary-decoder aggregation weights lie from the plain average
-    (1/N), and the prompt affinity's drift, over the second half of the rounds."""
+    (1/N), and the prompt affinity's drift, over the second half (late) of the rounds."""
     gaps, drift = [], []
     for run in runs:
         for r in _second_half(_records(run)):
@@ -274,7 +274,9 @@ def _aux_weights(runs: Sequence[Path], configs: Sequence[Mapping[str, Any]]) -> 
     if not gaps:
         return Measurement(math.nan, "no auxiliary aggregation weights recorded")
     value = statistics.fmean(gaps)
-    text = f"largest |weight - 1/N| {value:.3f} (mean over second-half rounds, seeds)"
+    text = (
+        f"largest distance of a weight from 1/N {value:.3f} (mean over second-half rounds, seeds)"
+    )
     if drift:
         text += f"; prompt affinity drift {statistics.fmean(drift):.4f} per round"
     return Measurement(value, text)
