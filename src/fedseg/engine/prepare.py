@@ -42,6 +42,7 @@ def prepare_data(cfg: RunConfig) -> Path:
             site_weights=syn.site_weights,
             names=syn.names,
             style_shift=syn.style_shift,
+            split=syn.split,
         )
         if syn.weak_labels:
             generate_weak_labels(root, seed=syn.seed)
