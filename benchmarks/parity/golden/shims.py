@@ -23,14 +23,33 @@ def cpu_cuda() -> Iterator[None]:
         torch.Tensor.cuda, torch.nn.Module.cuda = saved  # type: ignore[method-assign]
 
 
+class _Inert:
+    """Stands for anything: every attribute and every call give the same object."""
+
+    def __call__(self, *args: object, **kwargs: object) -> _Inert:
+        return self
+
+    def __getattr__(self, name: str) -> _Inert:
+        return self
+
+
+class _StubModule(types.ModuleType):
+    def __getattr__(self, name: str) -> _Inert:
+        return _Inert()
+
+
 @contextmanager
 def stub_modules(names: Sequence[str]) -> Iterator[None]:
-    """Empty modules under ``names`` while the block runs: imports at the top of a reference
-    file that the checked function never uses (e.g. ``torchvision``, which does not load
-    beside the CPU torch here)."""
+    """Stub modules under ``names`` while the block runs, whose every attribute is inert:
+    imports at the top of a reference file that the checked function never uses (e.g.
+    ``torchvision``, which does not load beside the CPU torch here, and the transforms
+    such a file builds at import time)."""
     saved = {n: sys.modules.get(n) for n in names}
     for n in names:
-        sys.modules[n] = types.ModuleType(n)
+        sys.modules[n] = _StubModule(n)
+        parent, _, child = n.rpartition(".")
+        if parent in sys.modules:
+            setattr(sys.modules[parent], child, sys.modules[n])
     try:
         yield
     finally:
