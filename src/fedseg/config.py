@@ -339,7 +339,10 @@ def from_run_dump(raw: dict[str, Any]) -> dict[str, Any]:
     not; those before 2026-11-28 hold only the method settings given (today's defaults are
     filled in; an invalid block is left as it is); those before 2026-11-29 have no
     ``data.synth.seed`` (its default is filled in; which federation such a run used is what
-    ``benchmarks/data_seed_audit.py`` establishes)."""
+    ``benchmarks/data_seed_audit.py`` establishes); those before 2026-12-01 have no
+    ``screening`` block (its defaults, off, are filled in)."""
+    if "screening" not in raw:
+        raw = {**raw, "screening": ScreeningSettings().model_dump()}
     train = raw.get("train")
     if isinstance(train, dict) and train.get("local_epochs") is not None:
         raw = {**raw, "train": {k: v for k, v in train.items() if k != "local_iters"}}
