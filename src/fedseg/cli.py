@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from fedseg.console import console, err, fail
+from fedseg.console import console, err, fail, progress
 from fedseg.errors import FedsegError
 
 app = typer.Typer(
@@ -155,7 +155,8 @@ def report(
         for w in rep.warnings + [w for s in rep.sections for w in s.warnings]:
             err.print(f"[yellow]warning:[/] {escape(w)}", markup=True, highlight=False)
         if out is not None and out.suffix.lower() != ".md":
-            written = write_report(rep, out, metrics)
+            with progress("report") as update:
+                written = write_report(rep, out, metrics, progress=update)
             console.print(f"wrote {', '.join(str(p) for p in written[:3])}")
             return
         text = report_markdown(rep, metrics, base=out.parent if out is not None else None)
@@ -329,7 +330,9 @@ def export(
         if site and all_:
             raise typer.BadParameter("give --site or --all, not both")
         models = RunModels(run_dir, data_root=data)
-        written = export_run(models, out, list(site) if site else None, onnx=onnx)
+        with progress("export") as update:
+            names = list(site) if site else None
+            written = export_run(models, out, names, onnx=onnx, progress=update)
     except FedsegError as e:
         fail(e)
     console.print(f"wrote {', '.join(str(p) for p in written)}")

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NoReturn
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from fedseg.errors import FedsegError
 
-__all__ = ["console", "err", "fail", "handled"]
+__all__ = ["console", "err", "fail", "handled", "progress"]
 
 console = Console()
 err = Console(stderr=True)
@@ -31,3 +32,19 @@ def handled() -> Iterator[None]:
         yield
     except FedsegError as e:
         fail(e)
+
+
+@contextmanager
+def progress(what: str) -> Iterator[Callable[[int, int], None]]:
+    """A progress bar on stderr (gone when done; drawn only on a terminal); yields
+    ``update(done, total)``."""
+    with Progress(
+        TextColumn(f"[bold]{escape(what)}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    ) as bar:
+        task = bar.add_task(what, total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)

@@ -19,6 +19,7 @@ PyTorch on the site's test images (:mod:`fedseg.onnx_model`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,14 +47,16 @@ def export_run(
     names: list[str] | None = None,
     *,
     onnx: bool = False,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[Path]:
     """Export the models ``names`` (default: every site and the global model) of a run;
-    with ``onnx`` each also as an ONNX file checked against PyTorch on test images."""
+    with ``onnx`` each also as an ONNX file checked against PyTorch on test images.
+    ``progress(done, total)`` is called after each model."""
     names = names or models.model_names()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name in names:
+    for done, name in enumerate(names, 1):
         sm = models.site_model(name)
         probe = models.sites[models.site_names[0] if name == GLOBAL else name].test_images
         probe = probe[: models.cfg.eval.batch_size]
@@ -78,6 +81,8 @@ def export_run(
                 len(probe),
             )
             written.append(onnx_path(path))
+        if progress is not None:
+            progress(done, len(names))
     return written
 
 

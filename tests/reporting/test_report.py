@@ -44,7 +44,7 @@ def test_seeds_pool_into_mean_and_std(runs: dict[str, Path]) -> None:
     mean, std = row.stat("dsc", "A", "polyp")
     assert mean == statistics.fmean(values) and std == statistics.stdev(values)
     cells = _md_row(report_markdown(report), "fedavg")
-    assert cells[1] == "0, 1"
+    assert cells[1] == "2 seeds (0, 1)"
     assert cells[2] == f"{100 * mean:.2f} ± {100 * std:.2f}"
     lines = list(csv.DictReader(io.StringIO(report_csv(report))))
     hit = [x for x in lines if (x["metric"], x["site"], x["region"]) == ("dsc", "A", "polyp")]
@@ -134,7 +134,7 @@ def test_out_dir_writes_markdown_csv_and_self_contained_html(
     rows = list(csv.DictReader((out / "report.csv").open()))
     assert {r["row"] for r in rows} == {"fedavg", "long"}
     page = (out / "report.html").read_text()
-    assert "<table" in page and "fedavg" in page and "0, 1" in page
+    assert "<table" in page and "fedavg" in page and "2 seeds (0, 1)" in page
     srcs = re.findall(r'src="([^"]*)"', page)
     assert len(srcs) >= 5 and all(s.startswith("data:image/png;base64,") for s in srcs)
     assert not re.search(r"<(link|script)\b", page) and "http" not in page
@@ -181,5 +181,6 @@ def test_comparison_table_of_loaded_results(runs: dict[str, Path]) -> None:
         .rows[0]
         .stat("dsc", "A", "polyp")
     )
-    assert _md_row(text, "fedavg")[:3] == ["fedavg", "0, 1", f"{100 * mean:.2f} ± {100 * std:.2f}"]
+    cell = f"{100 * mean:.2f} ± {100 * std:.2f}"
+    assert _md_row(text, "fedavg")[:3] == ["fedavg", "2 seeds (0, 1)", cell]
     assert "Run files" not in text

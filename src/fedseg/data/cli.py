@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from fedseg.console import console, err, handled
+from fedseg.console import console, handled
+from fedseg.console import progress as _progress
 from fedseg.data.manifest import ANNOTATIONS, Manifest
 from fedseg.errors import DataError
 
@@ -49,20 +47,6 @@ Classes = Annotated[
 ]
 Task = Annotated[str, typer.Option(help="Task name written into the manifest.")]
 Modality = Annotated[str, typer.Option(help="Modality written into the manifest.")]
-
-
-@contextmanager
-def _progress(what: str) -> Iterator[Callable[[int, int], None]]:
-    with Progress(
-        TextColumn(f"[bold]{what}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-    ) as bar:
-        task = bar.add_task(what, total=None)
-        yield lambda done, total: bar.update(task, completed=done, total=total)
 
 
 def _volume_summary(out: Path, result: NiftiImport) -> None:

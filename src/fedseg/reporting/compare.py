@@ -23,6 +23,13 @@ from typing import Any
 
 from fedseg.errors import ConfigError
 from fedseg.reporting.affinity import affinity_table
+from fedseg.reporting.context import (
+    MISSED_NOTE,
+    marked,
+    missed_regions,
+    run_context,
+    seeds_phrase,
+)
 from fedseg.reporting.paired import PairedRows, paired_rows
 from fedseg.reporting.results import METRIC_LABELS, fmt, privacy_note
 from fedseg.reporting.runs import Run, flat_config, load_run
@@ -272,8 +279,11 @@ def report_markdown(
             out += ["| Row | Settings | Seeds |", "|---|---|---|"]
             for row in section.rows:
                 shown = ", ".join(f"{k}={show_value(v)}" for k, v in row.settings.items())
-                out.append(f"| {row.label} | {shown} | {seeds_text(row)} |")
+                out.append(f"| {row.label} | {shown} | {seeds_phrase(row.seeds)} |")
             out.append("")
+        out += ["How the rows were trained:", ""]
+        out += [f"- {row.label}: {run_context(row.runs)}" for row in section.rows] + [""]
+        missed = {row.label: missed_regions(row.runs) for row in section.rows}
         for m in report_metrics(section, metrics):
             cols = columns(section)
             unit = " (%)" if m not in ("hd95", "assd", "hd") else ""
@@ -285,9 +295,12 @@ def report_markdown(
                 "|" + "---|" * len(head),
             ]
             for row in section.rows:
-                cells = [row.cell(m, s, reg) for s, reg, _ in cols]
-                out.append("| " + " | ".join([row.label, seeds_text(row), *cells]) + " |")
+                marks = missed[row.label]
+                cells = [marked(row.cell(m, s, reg), m, s, reg, marks) for s, reg, _ in cols]
+                out.append("| " + " | ".join([row.label, seeds_phrase(row.seeds), *cells]) + " |")
             out.append("")
+            if any(k[0] == m for marks in missed.values() for k in marks):
+                out += [f"{MISSED_NOTE}.", ""]
         if any(len(r.runs) > 1 for r in section.rows):
             out += ["Cells with several seeds: mean ± sample standard deviation.", ""]
         try:
@@ -302,6 +315,7 @@ def report_markdown(
         for run in on_disk:
             links = ", ".join(f"[{p.name}]({_rel(p, base)})" for p in run_files(run))
             out.append(f"- {run.name} ({run.dir}): {links or 'no files'}")
+            out.append(f"  {run_context([run])}")
             out += [f"  {line}" for line in privacy_note(run.results.get("privacy"))]
             if any("affinity" in (rec.get("server") or {}) for rec in run.rounds):
                 out += ["", affinity_table(run.dir)]

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedseg.reporting.affinity import plot_affinity
+from fedseg.reporting.context import MISSED_MARK, MISSED_NOTE, missed_regions
 from fedseg.reporting.runs import read_rounds, site_facts
+from fedseg.reporting.strip import short_labels
 from fedseg.reporting.weights_plot import plot_weights
 
 if TYPE_CHECKING:
@@ -15,6 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PLOTS",
+    "final_dsc",
     "loss_history",
     "plot_row_curves",
     "plot_site_bars",
@@ -44,7 +48,8 @@ def render_run_plots(run_dir: Path) -> list[Path]:
         keys |= set(rec.get("server") or {})
     out = []
     if loss_history(records):
-        out.append(plot_training_curves(records, run_dir / "training_curves.png"))
+        final = final_dsc(run_dir / "results.json")
+        out.append(plot_training_curves(records, run_dir / "training_curves.png", final=final))
     return out + [draw(run_dir) for key, draw in PLOTS.items() if key in keys]
 
 
@@ -71,11 +76,35 @@ def val_dsc_history(records: list[dict[str, Any]]) -> dict[str, list[tuple[int, 
     return out
 
 
+def final_dsc(results_json: Path) -> dict[str, float]:
+    """Per site, the final evaluation's DSC averaged over regions (a run's ``results.json``;
+    {} when it is not there or holds no DSC)."""
+    try:
+        sites = json.loads(Path(results_json).read_text()).get("sites") or {}
+    except (OSError, ValueError):
+        return {}
+    out = {}
+    for site, block in sites.items():
+        values = [v for v in ((block or {}).get("dsc") or {}).values() if v is not None]
+        if values:
+            out[site] = sum(values) / len(values)
+    return out
+
+
+VAL_LABEL = "validation DSC (%)"
+FINAL_NOTE = "hollow: final test evaluation"
+
+
 def plot_training_curves(
-    records: list[dict[str, Any]], out: Path, title: str = "training curves"
+    records: list[dict[str, Any]],
+    out: Path,
+    title: str = "training curves",
+    final: dict[str, float] | None = None,
 ) -> Path:
     """Training loss per site per round and, when the run evaluated periodically, the
-    DSC per site per round (a second panel) as a PNG."""
+    validation DSC per site per round (a second panel) as a PNG; ``final`` (per site, the
+    final test DSC) is drawn hollow at the last round, where the periodic evaluation gives
+    way to the final one."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -85,7 +114,8 @@ def plot_training_curves(
     panels = [("training loss", loss_history(records), False)]
     val = val_dsc_history(records)
     if val:
-        panels.append(("DSC at periodic evaluation (%)", val, True))
+        panels.append((VAL_LABEL, val, True))
+    last = max((int(r["round"]) for r in records), default=0) + 1
     fig, axes = plt.subplots(
         1, len(panels), figsize=(4.6 * len(panels) + 1.2, 3.4), dpi=100, squeeze=False, sharex=True
     )
@@ -93,13 +123,20 @@ def plot_training_curves(
         for site, points in history.items():
             xs, ys = zip(*points, strict=True)
             ys = [100 * y for y in ys] if percent else list(ys)
-            ax.plot([x + 1 for x in xs], ys, marker="o", markersize=3, label=site)
+            (line,) = ax.plot([x + 1 for x in xs], ys, marker="o", markersize=3, label=site)
+            if percent and final and site in final:
+                _final_point(ax, xs[-1] + 1, ys[-1], last, 100 * final[site], line.get_color())
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlim(0.8, last + 0.2)
         ax.set_xlabel("round")
         ax.set_ylabel(label)
         ax.set_ylim(*((0, 100) if percent else (0, None)))
         ax.grid(alpha=0.3)
-    axes[0, -1].legend(title="site", fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1))
+    legend = axes[0, -1].legend(
+        title="site", fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1)
+    )
+    if val and final:
+        legend.set_title(f"site\n({FINAL_NOTE})", prop={"size": "small"})
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     out = Path(out)
@@ -107,6 +144,13 @@ def plot_training_curves(
     fig.savefig(out, bbox_inches="tight")  # keeps the legend right of the axes
     plt.close(fig)
     return out
+
+
+def _final_point(ax: Any, x0: int, y0: float, last: int, y: float, colour: str) -> None:
+    """The final test evaluation at round ``last``: hollow, dotted from the last periodic
+    point (another split, so not joined into the validation line)."""
+    ax.plot([x0, last], [y0, y], ls=":", color=colour, lw=1)
+    ax.plot([last], [y], marker="o", markersize=5, mfc="white", color=colour, ls="")
 
 
 def plot_site_bars(section: Section, metric: str, out: Path) -> Path:
@@ -130,25 +174,33 @@ def plot_site_bars(section: Section, metric: str, out: Path) -> Path:
     )
     width = 0.8 / n_rows
     x = np.arange(len(sites))
+    labels = short_labels([row.label for row in section.rows])
+    missed = [missed_regions(row.runs) if metric in DISTANCES else set() for row in section.rows]
     for ax, region in zip(axes[:, 0], section.regions, strict=True):
         for i, row in enumerate(section.rows):
             stats = [row.stat(metric, s, region) for s in sites]
             means = [scale * m for m, _ in stats]
             errs = [scale * (sd or 0.0) for _, sd in stats]
+            at = x + (i - (n_rows - 1) / 2) * width
             ax.bar(
-                x + (i - (n_rows - 1) / 2) * width,
+                at,
                 means,
                 width,
-                label=row.label,
+                label=labels[i],
                 yerr=errs if len(row.runs) > 1 else None,
                 capsize=2,
             )
+            for xi, mean, s in zip(at, means, sites, strict=True):
+                if (metric, s, region) in missed[i]:
+                    ax.annotate(MISSED_MARK, (xi, mean), ha="center", va="bottom", fontsize=9)
         ax.set_xticks(x, sites)
         ax.set_title(region, fontsize=9)
         ax.set_ylabel(f"{metric.upper()}{'' if metric in DISTANCES else ' (%)'}")
         ax.set_ylim(*((0, None) if metric in DISTANCES else (0, 100)))
         ax.grid(axis="y", alpha=0.3)
     axes[0, 0].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1))
+    if any(missed):
+        fig.text(0.01, -0.01, MISSED_NOTE, fontsize=8, ha="left", va="top")
     fig.suptitle(f"{section.task}: {metric.upper()} per site", fontsize=10)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -173,27 +225,37 @@ def plot_row_curves(section: Section, out: Path) -> Path:
                 per_round.setdefault(r, []).append(v)
         return {r: sum(v) / len(v) for r, v in sorted(per_round.items())}
 
-    panels = [("training loss (mean over sites)", loss_history, 1.0)]
+    panels = [("training loss\n(mean over sites)", loss_history, 1.0)]
     if any(val_dsc_history(run.rounds) for row in section.rows for run in row.runs):
-        panels.append(("DSC at periodic evaluation (%, mean over sites)", val_dsc_history, 100.0))
+        panels.append((f"{VAL_LABEL}\n(mean over sites)", val_dsc_history, 100.0))
+    labels = short_labels([row.label for row in section.rows])
+    last = max((int(r["round"]) + 1 for row in section.rows for run in row.runs
+                for r in run.rounds), default=1)  # fmt: skip
     fig, axes = plt.subplots(
-        1, len(panels), figsize=(4.6 * len(panels) + 2.4, 3.4), dpi=100, squeeze=False, sharex=True
+        1, len(panels), figsize=(4.6 * len(panels) + 2.4, 3.6), dpi=100, squeeze=False, sharex=True
     )
     for ax, (label, history, scale) in zip(axes[0], panels, strict=True):
-        for row in section.rows:
+        for row, name in zip(section.rows, labels, strict=True):
             curves = [site_mean(history(run.rounds)) for run in row.runs]
             rounds = sorted(set().union(*curves))
             ys = [
                 scale * sum(c[r] for c in curves if r in c) / sum(r in c for c in curves)
                 for r in rounds
             ]
-            ax.plot([r + 1 for r in rounds], ys, marker="o", markersize=3, label=row.label)
+            (line,) = ax.plot([r + 1 for r in rounds], ys, marker="o", markersize=3, label=name)
+            finals = [final_dsc(run.dir / "results.json") for run in row.runs]
+            if scale == 100.0 and rounds and all(finals):
+                y = 100 * sum(sum(f.values()) / len(f) for f in finals) / len(finals)
+                _final_point(ax, rounds[-1] + 1, ys[-1], last, y, line.get_color())
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlim(0.8, last + 0.2)
         ax.set_xlabel("round")
         ax.set_ylabel(label)
         ax.set_ylim(*((0, 100) if scale == 100.0 else (0, None)))
         ax.grid(alpha=0.3)
-    axes[0, -1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1))
+    legend = axes[0, -1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1))
+    if len(panels) > 1:
+        legend.set_title(FINAL_NOTE, prop={"size": "small"})
     fig.suptitle(f"{section.task}: learning curves", fontsize=10)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,10 @@ from fedseg.data.federation import read_npz, sample_ids
 from fedseg.data.manifest import read_manifest
 from fedseg.errors import FedsegError
 from fedseg.reporting.compare import Section
+from fedseg.reporting.results import fmt
 from fedseg.reporting.runs import Run
+from fedseg.reporting.stats import read_cases
+from fedseg.reporting.strip import short_labels
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -92,7 +95,8 @@ def segmentation_figure(
     section: Section, out: Path, per_site: int = CASES_PER_SITE
 ) -> tuple[Path, list[str]] | None:
     """Draw the section's qualitative figure into ``out`` (PNG): one line per case (site and
-    id), columns image, ground truth and each row's prediction (its first run). Returns the
+    id), columns image, ground truth and each row's prediction (its first run) with that
+    run's recorded DSC of the case (``cases.csv``) under it. Returns the
     path and the case names, or None when the federation folder of the runs is not here."""
     first = section.rows[0].runs[0]
     root = Path(str((first.config.get("data") or {}).get("root", "")))
@@ -113,13 +117,30 @@ def segmentation_figure(
                 maps = _predict(run, site, np.stack([c.image for c in mine]))
                 for k, c in enumerate(mine):
                     preds[j, c.name] = None if maps is None else maps[k]
-    labels = ["image", "ground truth", *(row.label for row in section.rows)]
+    labels = ["image", "ground truth", *short_labels([row.label for row in section.rows], 24)]
     labels[2:] = [
         f"{lab}\n(seed {run.config.get('seed', '?')})"
         for lab, run in zip(labels[2:], runs, strict=True)
     ]
-    _draw(cases, labels, preds, manifest.regions, out)
+    scores = {
+        (j, name): text for j, run in enumerate(runs) for name, text in _case_dsc(run).items()
+    }
+    _draw(cases, labels, preds, manifest.regions, out, scores)
     return out, [c.name for c in cases]
+
+
+def _case_dsc(run: Run) -> dict[str, str]:
+    """Per case (``site/id``), the run's recorded DSC of each region (``cases.csv``), e.g.
+    ``DSC cup 41.2, disc 80.5``; {} without a readable ``cases.csv``."""
+    try:
+        rows = read_cases(run.dir / "cases.csv")
+    except FedsegError:
+        return {}
+    per_case: dict[str, list[str]] = {}
+    for site, cid, region, metric, value in rows:
+        if metric == "dsc":
+            per_case.setdefault(f"{site}/{cid}", []).append(f"{region} {fmt(value, metric)}")
+    return {name: "DSC " + ", ".join(parts) for name, parts in per_case.items()}
 
 
 def _draw(
@@ -128,6 +149,7 @@ def _draw(
     preds: dict[tuple[int, str], np.ndarray | None],
     regions: dict[str, list[int]],
     out: Path,
+    scores: dict[tuple[int, str], str],
 ) -> None:
     import textwrap
 
@@ -156,6 +178,18 @@ def _draw(
             ax.set_yticks([])
             if mask is not None:
                 _contours(ax, mask, regions)
+            if c >= 2 and (c - 2, case.name) in scores:
+                ax.text(
+                    0.5,
+                    0.02,
+                    textwrap.fill(scores[c - 2, case.name], 28),
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                    color="white",
+                    transform=ax.transAxes,
+                    bbox={"facecolor": "black", "alpha": 0.6, "pad": 1.5, "linewidth": 0},
+                )
             elif c >= 2:
                 ax.text(
                     0.5,
@@ -167,7 +201,11 @@ def _draw(
                     transform=ax.transAxes,
                 )
             if r == 0:
-                ax.set_title(textwrap.fill(labels[c], 24), fontsize=8)
+                lines = labels[c].splitlines()
+                ax.set_title(
+                    "\n".join(textwrap.fill(x, 24, break_long_words=False) for x in lines),
+                    fontsize=8,
+                )
         where = f"\nslice z={z}" if z is not None else ""
         axes[r][0].set_ylabel(f"{case.name}{where}", fontsize=8)
     handles = [
