@@ -568,7 +568,7 @@ def _overview_line(paper: str, t: PaperTable, folder: str | None, claims: list[d
     if not t.protocol:
         forced = "no protocol sheet"
     else:
-        forced = "; ".join(f"{i.aspect}: {i.ours}" for i in t.forced()) or "none"
+        forced = "; ".join(f"{i.aspect}: {i.ours.split('; ')[0]}" for i in t.forced()) or "none"
     return f"| {paper} | {name} | {verdicts} | {forced} |"
 
 
