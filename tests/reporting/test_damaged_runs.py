@@ -66,6 +66,10 @@ def test_a_round_record_cut_off_at_the_end_is_skipped_as_resume_does(two, caplog
             "sites.A: expected {metric: {region",
         ),
         ('{"sites": {"A"', "unreadable results"),
+        (
+            '{"sites": {"A": {"hd95": {"r": 1}}}, "average": {"dsc": {"r": 0.5}}}',
+            "sites.A: other metrics or regions than average",
+        ),
     ],
 )
 def test_results_json_not_a_run_result_is_an_error_naming_it(two, content, says):

@@ -87,10 +87,17 @@ def read_results(path: Path) -> dict[str, Any]:
     if not isinstance(sites, dict):
         raise ConfigError(f"{path}: sites: expected {{site: {{metric: {{region: number}}}}}}")
     blocks = {f"sites.{site}": block for site, block in sites.items()}
-    for where, block in ({"average": results.get("average")} | blocks).items():
+    average = results.get("average")
+    for where, block in ({"average": average} | blocks).items():
         if sites and not _metric_block(block):
             raise ConfigError(f"{path}: {where}: expected {{metric: {{region: number}}}}")
+        if sites and _shape(block) != _shape(average):
+            raise ConfigError(f"{path}: {where}: other metrics or regions than average")
     return results
+
+
+def _shape(block: dict[str, dict[str, Any]]) -> dict[str, set[str]]:
+    return {metric: set(regions) for metric, regions in block.items()}
 
 
 def _metric_block(block: object) -> bool:
