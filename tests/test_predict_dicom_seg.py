@@ -139,3 +139,12 @@ def test_spacing_predicts_at_the_import_spacing_and_returns_to_the_series_grid(
     assert at_coarse.shape == series.shape and np.array_equal(at_coarse, expected)
     with pytest.raises(ConfigError, match="--spacing needs 3 positive values"):
         predict_files(sm, tmp_path / "s", tmp_path / "c", spacing=(1.0, 1.0))
+
+
+def test_a_series_highdicom_cannot_reference_is_refused_in_one_line(tmp_path: Path) -> None:
+    hu = scan(tmp_path / "s")
+    (series,) = read_series(tmp_path / "s")
+    for header in series.headers:  # a type 2 attribute every CT image has, here dropped
+        del header.PatientBirthDate
+    with pytest.raises(DataError, match=r"no DICOM-SEG can be written on series .*PatientBirth"):
+        write_seg(np.zeros(hu.shape, np.uint8), series, CLASSES, tmp_path / "seg.dcm")

@@ -279,3 +279,21 @@ def test_without_pydicom_the_error_says_what_to_install(monkeypatch: pytest.Monk
     monkeypatch.setitem(sys.modules, "pydicom", None)
     with pytest.raises(DataError, match=r"pip install 'fedseg\[dicom\]'"):
         import fedseg.data.importers.dicom  # noqa: F401
+
+
+def test_multi_frame_images_shared_positions_and_two_masks_are_refused(tmp_path: Path) -> None:
+    site = tmp_path / "mf" / "A"
+    site.mkdir(parents=True)
+    shutil.copy(get_testdata_file("SC_rgb_rle_2frame.dcm", download=False), site / "x")
+    with pytest.raises(DataError, match="a multi-frame OT image"):
+        import_dicom(tmp_path / "mf", tmp_path / "o", class_names=CLASSES, shape=(8, 8))
+    hu = organ()
+    twice = [(0, 0, z) for z in (0, 3, 3, 6, 9, 12)]
+    series = ct_series(tmp_path / "dup" / "A", hu, positions=twice)
+    rtstruct_file(tmp_path / "dup" / "A" / "rs", series, {"liver": {}})
+    with pytest.raises(DataError, match=r"lie at the same position \(3.00 mm"):
+        import_dicom(tmp_path / "dup", tmp_path / "o", class_names=CLASSES, shape=(8, 8))
+    series = seg_site(tmp_path / "two" / "A", hu)
+    seg_file(tmp_path / "two" / "A" / "again", series, (hu > 0).astype(np.uint8), ["liver"])
+    with pytest.raises(DataError, match="are both masks of one image series; keep one"):
+        import_dicom(tmp_path / "two", tmp_path / "o", class_names=CLASSES, shape=(8, 8))

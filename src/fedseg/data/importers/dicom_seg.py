@@ -142,7 +142,23 @@ def write_seg(
         for k, name in enumerate(class_names)
         if k > 0
     ]
-    seg = hd.seg.Segmentation(
+    try:
+        seg = _segmentation(labels, series, segments, algorithm, version)
+    except (AttributeError, ValueError, TypeError) as e:  # headers highdicom cannot copy
+        raise DataError(f"{path}: no DICOM-SEG can be written on {series.name} ({e})") from None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    seg.save_as(path)
+    return path
+
+
+def _segmentation(
+    labels: np.ndarray,
+    series: Series,
+    segments: list[hd.seg.SegmentDescription],
+    algorithm: str,
+    version: str,
+) -> hd.seg.Segmentation:
+    return hd.seg.Segmentation(
         source_images=series.headers,
         pixel_array=labels.astype(np.uint8),
         segmentation_type=hd.seg.SegmentationTypeValues.BINARY,
@@ -157,6 +173,3 @@ def write_seg(
         device_serial_number="0",
         omit_empty_frames=False,
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    seg.save_as(path)
-    return path
