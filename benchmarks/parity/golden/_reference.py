@@ -11,9 +11,11 @@ is copied into fedseg.
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib.util
 import io
 import json
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -42,7 +44,8 @@ def parse_git_dir(repo: str, description: str) -> Path:
 
 
 def checkout(git_dir: Path, commit: str, paths: Sequence[str]) -> Path:
-    """Extract ``paths`` of ``commit`` from ``git_dir`` into a fresh temporary directory."""
+    """Extract ``paths`` of ``commit`` from ``git_dir`` into a fresh temporary directory
+    (removed when the generator exits)."""
     try:
         full = subprocess.run(
             ["git", f"--git-dir={git_dir}", "rev-parse", "--verify", f"{commit}^{{commit}}"],
@@ -58,6 +61,7 @@ def checkout(git_dir: Path, commit: str, paths: Sequence[str]) -> Path:
     except subprocess.CalledProcessError as e:
         sys.exit(f"{git_dir}: cannot read {list(paths)} at commit {commit}: {e.stderr!r}")
     dest = Path(tempfile.mkdtemp(prefix="golden-ref-"))
+    atexit.register(shutil.rmtree, dest, ignore_errors=True)
     with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
         tar.extractall(dest, filter="data")
     return dest
