@@ -12,9 +12,8 @@ import yaml
 from typer.testing import CliRunner
 
 from fedseg.cli import app
-from fedseg.config import apply_overrides, parse_config
-from fedseg.configs import resolve_config
-from fedseg.reproduce.harness import BUDGETS, apply_budget, budget_overrides
+from fedseg.config import parse_config
+from fedseg.reproduce.harness import BUDGETS, apply_budget, budget_overrides, row_config
 from fedseg.reproduce.papers import list_papers, load_paper
 
 TINY = ["data.synth.sites=2", "model.widths=[8,16,32]", "model.dropout=[0,0,0]"]
@@ -62,7 +61,7 @@ def test_reproduce_two_rows_smoke_beside_published(tmp_path):
     assert [r["row"] for r in rows if not r["vs"]] == ["baseline (FedAvg)", "TDF"]
     assert float(rows[-1]["paper"]) == 90.61 and rows[-1]["vs"] == "baseline (FedAvg)"
     assert int(rows[-1]["pairs"]) > 0 and rows[-1]["verdict"] in ("better", "worse", "unresolved")
-    assert "ours DSC" in res.output
+    assert "| DSC (%) | 95 % CI |" in res.output
     # a second call reuses the finished runs (identical configs): nothing is retrained
     stamp = (out / "tdf" / "seed0" / "results.json").stat().st_mtime_ns
     _invoke(args)
@@ -98,9 +97,8 @@ def test_every_row_of_every_table_is_a_valid_run(paper):
     for t in p.tables.values():
         for row in t.rows:
             for budget in ("smoke", "cpu", "paper"):
-                raw = yaml.safe_load(resolve_config(row.config).read_text())
-                raw = apply_overrides(raw, list(row.overrides))
-                cfg = parse_config(apply_budget(raw, budget, budget_overrides(budget, p)))
+                raw, _ = row_config(row, budget, budget_overrides(budget, p), [])
+                cfg = parse_config(raw)
                 if budget == "smoke":
                     assert cfg.train.rounds == 2 and cfg.train.local_epochs is None
                     assert cfg.data.synth is None or cfg.data.synth.size == 32
