@@ -11,6 +11,7 @@ is copied into fedseg.
 from __future__ import annotations
 
 import argparse
+import ast
 import atexit
 import importlib.util
 import io
@@ -79,6 +80,44 @@ def load_module(root: Path, relpath: str, name: str, search: Sequence[str] = (""
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def _assigns(node: ast.AST, name: str) -> bool:
+    """Whether ``node`` (a statement) or a statement inside it assigns the name ``name``."""
+    return any(
+        isinstance(x, ast.Name) and x.id == name
+        for n in ast.walk(node)
+        if isinstance(n, ast.Assign)
+        for x in n.targets
+    )
+
+
+def statements(source: str, function: str, start: str, stop: str) -> str:
+    """The source of the consecutive statements of ``function`` (a function or method of
+    ``source``) from the one that assigns ``start`` directly through the first that assigns
+    ``stop`` (directly or inside it), taken from one block, for a reference computation that
+    is written inline rather than as a function."""
+    fns = [
+        n
+        for n in ast.walk(ast.parse(source))
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == function
+    ]
+    if len(fns) != 1:
+        sys.exit(f"expected one function {function!r}, found {len(fns)}")
+    found = []
+    for node in ast.walk(fns[0]):
+        body = getattr(node, "body", None)
+        if not isinstance(body, list):
+            continue
+        for i, stmt in enumerate(body):
+            direct = isinstance(stmt, ast.Assign) and _assigns(stmt, start)
+            if direct:
+                j = next((k for k in range(i, len(body)) if _assigns(body[k], stop)), None)
+                if j is not None:
+                    found.append(body[i : j + 1])
+    if len(found) != 1:
+        sys.exit(f"{function}: expected one block from {start!r} to {stop!r}, found {len(found)}")
+    return "\n".join(ast.unparse(s) for s in found[0])
 
 
 def write_fixture(

@@ -14,11 +14,9 @@ projections ``pro1`` (local), ``pro2`` (global) and ``pro3`` (the one previous l
 
 from __future__ import annotations
 
-import ast
-
 import numpy as np
 import torch
-from _reference import checkout, parse_git_dir, write_fixture
+from _reference import checkout, parse_git_dir, statements, write_fixture
 from shims import cpu_cuda
 from torch import nn
 
@@ -43,37 +41,14 @@ class _Previous:
         return self
 
 
-def loss_block(source: str) -> str:
-    """The statements of ``train_net_fedcon`` that define MOON's contrastive loss."""
-    fn = next(
-        n
-        for n in ast.walk(ast.parse(source))
-        if isinstance(n, ast.FunctionDef) and n.name == "train_net_fedcon"
-    )
-
-    def target(n: ast.stmt) -> str | None:
-        if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name):
-            return n.targets[0].id
-        return None
-
-    setup = [n for n in fn.body if target(n) in ("criterion", "cos")]
-    batch_loop = next(
-        n
-        for n in ast.walk(fn)
-        if isinstance(n, ast.For) and isinstance(n.target, ast.Tuple)  # (batch_idx, (x, target))
-    )
-    names = [target(n) for n in batch_loop.body]
-    start, stop = names.index("posi"), names.index("loss2")
-    block = setup + batch_loop.body[start : stop + 1]
-    if [target(n) for n in setup] != ["criterion", "cos"]:
-        raise SystemExit("train_net_fedcon: expected one criterion and one cos definition")
-    return "\n".join(ast.unparse(n) for n in block)
-
-
 def main() -> None:
     git_dir = parse_git_dir(REPO, __doc__.splitlines()[0])
     root = checkout(git_dir, COMMIT, ["main.py"])
-    code = loss_block((root / "main.py").read_text())
+    source = (root / "main.py").read_text()
+    code = "\n".join(
+        statements(source, "train_net_fedcon", first, last)
+        for first, last in (("criterion", "criterion"), ("cos", "cos"), ("posi", "loss2"))
+    )
     print(code)
 
     torch.manual_seed(47)
