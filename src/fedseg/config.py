@@ -21,6 +21,7 @@ from fedseg.backends import sim_settings
 from fedseg.configs import resolve_config
 from fedseg.errors import ConfigError, RegistryError
 from fedseg.methods import MethodConfig, TrainSettings, get_method
+from fedseg.methods.variants import variant_train
 from fedseg.models import ModelConfig, parse_model
 from fedseg.privacy.settings import PrivacySettings
 
@@ -222,6 +223,15 @@ class RunConfig(_Strict):
         if "every" in ev or not isinstance(rounds, int) or rounds < 1:
             return data  # set explicitly, or the rounds field reports its own error
         return {**data, "eval": {**ev, "every": max(1, rounds // 4)}}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _variant_train(cls, data: Any) -> Any:
+        """``method.variant`` also fixes ``train:`` settings (fedseg.methods.variants)."""
+        if not isinstance(data, dict):
+            return data
+        train = variant_train(data.get("method"), data.get("train"))
+        return data if train is data.get("train") else {**data, "train": train}
 
     @field_validator("method")
     @classmethod

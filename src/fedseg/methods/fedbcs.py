@@ -25,7 +25,7 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -40,7 +40,6 @@ from fedseg.methods.base import (
     ClientResult,
     FederationSpec,
     Method,
-    MethodConfig,
     Payload,
     ServerContext,
     ServerResult,
@@ -59,6 +58,7 @@ from fedseg.methods.prototypes import (
 )
 from fedseg.methods.registry import register_method
 from fedseg.methods.training import segmentation_loss, train_steps
+from fedseg.methods.variants import Variant, VariantConfig
 from fedseg.models.fsr import FSR, FSRGate
 from fedseg.models.layers import conv, resize_nearest
 from fedseg.models.registry import ModelConfig
@@ -69,6 +69,31 @@ __all__ = ["FedBCS", "FedBCSNet", "FusedEmbedding", "consistency_loss", "contras
 log = logging.getLogger(__name__)
 
 Branch = Literal["enc", "dec"]
+
+AUTHORS = Variant(
+    method={
+        "fsr_gate": "learned",
+        "fsr_temperature": 0.1,
+        "contra_weight": 1.0,
+        "consis_weight": 1.0,
+        "clamp": True,
+        "consis_form": "mse",
+        "pull": "foreground",
+        "prototype_mode": "batch_mean",
+        "aggregation": "samples",
+    },
+    train={
+        "batch_size": 6,
+        "local_epochs": 1,
+        "momentum": 0.0,
+        "weight_decay": 1e-4,
+        "lr_schedule": "constant",
+        "keep_optimizer_state": True,
+        "loss": "ce_dice",
+    },
+)
+"""``variant: authors``: zxy1234321/FedBCS at f2034353, its defects excepted; the table
+with the source of each setting is in docs/methods/fedbcs.md."""
 
 
 def _widths(net: UNet) -> list[int]:
@@ -283,8 +308,14 @@ class FedBCS(Method):
     """FedAvg + FSR in the encoder + dual-level (encoder/decoder) prototype alignment with
     FINCH cluster centres. ``fsr`` / ``cdpa`` switch the two components (Table 2)."""
 
-    class Config(MethodConfig):
+    class Config(VariantConfig):
         """FedBCS settings; defaults are the paper's / the authors' code's."""
+
+        variant: Literal["paper", "authors"] = "paper"
+        """``paper``: the settings below as given; ``authors``: the behaviour of the
+        authors' code (docs/methods/fedbcs.md, "variant: authors"), which a conflicting
+        setting may not override."""
+        variants: ClassVar[Mapping[str, Variant]] = {"authors": AUTHORS}
 
         fsr: bool = True
         """Frequency-domain style recalibration in the encoder (Table 2 column FSR)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +30,7 @@ from fedseg.methods.finetune import FineTuneConfig, fine_tune
 from fedseg.methods.partition import Partition, ResolvedPartition
 from fedseg.methods.registry import register_method
 from fedseg.methods.training import segmentation_loss
+from fedseg.methods.variants import Variant, VariantConfig
 from fedseg.models.registry import ModelConfig, parse_model
 
 __all__ = ["FedDP", "disagreement", "per_site", "uncertainty_weighted_bce"]
@@ -38,6 +39,29 @@ UPLOAD = "query."
 """Prefix of a site's own query tensors in its last-round upload (IGC only)."""
 PEER = "peer."
 """Prefix of every site's queries in the final payload: ``peer.<site index>.<key>``."""
+
+AUTHORS = Variant(
+    method={
+        "query": ("*.attn.q.*",),
+        "backbone": "pvtv2_fpn",
+        "aggregation": "uniform",
+        "igc_lambda": 1.0,
+        "ft_lr": 1e-4,
+        "ft_scope": "all",
+    },
+    train={
+        "optimizer": "adam",
+        "weight_decay": 0.0,
+        "lr_schedule": "constant",
+        "keep_optimizer_state": True,
+        "batch_size": 8,
+        "local_iters": 38,
+        "loss": "dice",
+    },
+)
+"""``variant: authors``: jcwang123/PFL-Seg-Trans at d715417c (``--fl ours_q``, then
+``ours_q_bd_ft``), its defects excepted; the table with the source of each setting is in
+docs/methods/feddp.md."""
 
 
 def disagreement(probs: torch.Tensor) -> torch.Tensor:
@@ -91,8 +115,14 @@ class FedDP(FedAvg):
     (``--fl ours_q``, then ``ours_q_bd_ft``).
     """
 
-    class Config(FineTuneConfig):
+    class Config(FineTuneConfig, VariantConfig):
         """FedDP settings: the local-query selector, the backbone and IGC fine-tuning."""
+
+        variant: Literal["paper", "authors"] = "paper"
+        """``paper``: the settings below as given; ``authors``: the behaviour of the
+        authors' code (docs/methods/feddp.md, "variant: authors"), which a conflicting
+        setting may not override."""
+        variants: ClassVar[Mapping[str, Variant]] = {"authors": AUTHORS}
 
         query: tuple[str, ...] = ("*.attn.q.*",)
         """State-dict patterns of the personal (local-query) parameters."""
@@ -102,6 +132,9 @@ class FedDP(FedAvg):
         as it is (``query`` must then name its personal parameters)."""
         igc_lambda: float = Field(1.0, ge=0)
         """Weight of the inconsistency-weighted BCE (0: plain fine-tuning, no exchange)."""
+        aggregation: Literal["samples", "uniform"] = "samples"
+        """Averaging of the shared weights: by sample count, or uniform (the authors'
+        code)."""
 
     config: Config
     personalized = True
@@ -174,7 +207,10 @@ class FedDP(FedAvg):
         self, uploads: Mapping[str, Payload], state: State, ctx: ServerContext
     ) -> ServerResult:
         shared = [k for k in next(iter(uploads.values())).tensors if not k.startswith(UPLOAD)]
-        glob = weighted_average(uploads, keys=shared)
+        weights = None
+        if self.config.aggregation == "uniform":
+            weights = dict.fromkeys(uploads, 1.0 / len(uploads))
+        glob = weighted_average(uploads, weights, keys=shared)
         if self._last_round(ctx.round, ctx.train.rounds):
             for s, u in uploads.items():
                 i = ctx.spec.site(s).index

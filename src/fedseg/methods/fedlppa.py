@@ -13,7 +13,7 @@ Decisions the paper leaves open are listed in ``docs/methods/fedlppa.md``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import Field, model_validator
@@ -35,11 +35,13 @@ from fedseg.methods.base import (
     SiteSpec,
     State,
     aggregate,
+    batches_per_epoch,
 )
 from fedseg.methods.partition import Partition, ResolvedPartition
 from fedseg.methods.pseudo_label import dual_decoder_loss
 from fedseg.methods.registry import register_method
 from fedseg.methods.training import LossFn, segmentation_loss, train_steps
+from fedseg.methods.variants import Variant, VariantConfig
 from fedseg.models.fedlppa_net import FedLPPANet
 from fedseg.models.registry import ModelConfig
 from fedseg.models.tdf import Fusion, prompt_affinity
@@ -50,9 +52,47 @@ AuxStrategy = Literal["random", "fixed_order", "highest_similarity", "similarity
 MAIN, AUX = ("decoder.", "mlp."), "aux_decoder."
 
 
-class FedLPPAConfig(MethodConfig):
+AUTHORS = Variant(
+    method={
+        "aux_strategy": "similarity_aggregated",
+        "aux_source": "aux",
+        "aux_include_self": True,
+        "affinity_prompts": "aggregated",
+        "ddp_aggregation": "fedavg",
+        "restore_ddp_slots": False,
+        "lam": 0.5,
+        "mix_low": 0.0,
+        "mix_high": 1.0,
+        "aux_pce": False,
+        "la_update": "sgd",
+        "la_eta": 1.0,
+        "la_init": "own",
+        "la_schedule": "passes",
+        "la_skip_rounds": 10,
+        "la_window": 10,
+        "la_tol": 0.1,
+        "tdf_dropout": 0.5,
+    },
+    train={
+        "optimizer": "adamw",
+        "weight_decay": 0.01,
+        "lr_schedule": "poly",
+        "keep_optimizer_state": False,
+    },
+)
+"""``variant: authors``: llmir/FedLPPA at 6594e1a (``--strategy FedUniV2.1``), its defects
+excepted; the table with the source of each setting is in docs/methods/fedlppa.md."""
+
+
+class FedLPPAConfig(VariantConfig):
     """FedLPPA settings; the switches reproduce the paper's ablations (Tables VII-VIII,
     Figs. 8-9)."""
+
+    variant: Literal["paper", "authors"] = "paper"
+    """``paper``: the settings below as given; ``authors``: the behaviour of the authors'
+    code (docs/methods/fedlppa.md, "variant: authors"), which a conflicting setting may not
+    override."""
+    variants: ClassVar[Mapping[str, Variant]] = {"authors": AUTHORS}
 
     tdf: bool = True
     """Tri-prompt dual-attention fusion + MLP block (off: plain UNet bottleneck)."""
@@ -81,12 +121,19 @@ class FedLPPAConfig(MethodConfig):
     authors' code, which uploads the whole model). See docs/methods/fedlppa.md."""
     aux_include_self: bool = True
     """similarity_aggregated: include a_ii = 1 (Eq. 9 sums over all j)."""
+    restore_ddp_slots: bool = True
+    """After local training, set the DDP slots other than the site's own back to the
+    downloaded values (they get no gradient; only weight decay would move them); ``false``
+    uploads them as the optimiser left them (the authors' code)."""
     lam: float = Field(0.5, ge=0)
     """Weight of the pseudo-label Dice term (Eq. 15)."""
     mix_low: float = Field(0.7, ge=0, le=1)
     """Lower bound of lambda_m ~ U(mix_low, mix_high) (Eq. 14)."""
     mix_high: float = Field(1.0, ge=0, le=1)
     """Upper bound of lambda_m."""
+    aux_pce: bool = True
+    """Supervised term: ``(pCE_main + pCE_aux) / 2`` (Eq. 16); ``false``: pCE of the main
+    decoder only (the authors' code; the aux decoder then learns from the pseudo labels)."""
     la_update: Literal["adam", "sgd"] = "adam"
     """How the aggregation weights step (Eqs. 12-13): ``adam``, the optimiser the paper uses
     for its learnable parameters (Sec. IV-B), or ``sgd``, the literal plain step of Eq. 12
@@ -95,10 +142,24 @@ class FedLPPAConfig(MethodConfig):
     """Learning rate of the aggregation weights; ``None`` follows the rule of
     docs/methods/fedlppa.md: the round's ``train`` learning rate (schedule included) with
     ``adam``, 1.0 (FedALA's value) with ``sgd``."""
+    la_init: Literal["received", "own"] = "received"
+    """Initial LA weights: all ones, the merge starts at the received decoders (Eqs. 10-11);
+    ``own``: all zeros, it starts at the site's own decoders (the authors' code, whose
+    all-ones weights multiply the site's difference from the received decoders)."""
+    la_schedule: Literal["steps", "passes"] = "steps"
+    """``steps``: the first LA runs until its loss settles (at most ``la_max_iters``
+    steps), later ones ``la_iters`` steps; ``passes`` (the authors' and FedALA's code): every
+    LA is one pass over the site's training batches, the first one passes until the loss of
+    a pass settles (at most ``la_max_iters`` passes)."""
+    la_skip_rounds: int = Field(0, ge=0)
+    """Rounds at the start in which no LA runs (the received decoders are used as they
+    are); the authors' code skips its first 50 local iterations, 10 rounds of 5."""
     la_iters: int = Field(2, ge=0)
-    """Weight-training steps per round after the first (settling) LA."""
+    """Weight-training steps per round after the first (settling) LA (``la_schedule:
+    steps``)."""
     la_max_iters: int = Field(50, ge=1)
-    """Cap on the steps of the first LA, which runs until the loss settles."""
+    """Cap on the first LA, which runs until the loss settles: steps, or passes with
+    ``la_schedule: passes``."""
     la_window: int = Field(10, ge=1)
     """Settling test: number of recent LA losses compared."""
     la_tol: float = Field(0.1, gt=0)
@@ -283,6 +344,13 @@ class FedLPPA(Method):
             return self.cfg.la_eta
         return ctx.lr() if self.cfg.la_update == "adam" else 1.0
 
+    def _la_pass(self, ctx: ClientContext) -> int:
+        """LA steps per pass: one pass over the training batches with ``la_schedule:
+        passes``, else 1 (each step counts for the settling test)."""
+        if self.cfg.la_schedule == "steps":
+            return 1
+        return batches_per_epoch(ctx.site.num_train, ctx.train.batch_size)
+
     def _loss(self, ctx: ClientContext, log: dict[str, float]) -> LossFn:
         if not self.cfg.pd:
             return segmentation_loss(ctx)
@@ -299,6 +367,7 @@ class FedLPPA(Method):
                 lam=c.lam,
                 mix_low=c.mix_low,
                 mix_high=c.mix_high,
+                aux_pce=c.aux_pce,
             )
             for k in ("sup", "pse", "pce_main", "pce_aux", "dice_main", "dice_aux"):
                 log[k] = log.get(k, 0.0) + parts[k]
@@ -313,7 +382,10 @@ class FedLPPA(Method):
             return {}
         dec = self._personal(model.state_dict())
         keys = [k for k, p in model.named_parameters() if k in dec and p.requires_grad]
-        return {"decoders": dec, "la": init_weights(dec, keys), "la_started": False}
+        weights = init_weights(dec, keys)
+        if self.cfg.la_init == "own":
+            weights = {k: torch.zeros_like(w) for k, w in weights.items()}
+        return {"decoders": dec, "la": weights, "la_started": False}
 
     def client_step(self, payload: Payload, state: State, ctx: ClientContext) -> ClientResult:
         c, model, site = self.cfg, self._net(ctx.model), ctx.site
@@ -323,8 +395,11 @@ class FedLPPA(Method):
         loss = self._loss(ctx, log)
         metrics: dict[str, float] = {}
         new_state: State = {}
-        if c.la:
+        if c.la and ctx.round < c.la_skip_rounds:
+            new_state = dict(state)
+        elif c.la:
             first = not state["la_started"]
+            per_pass = self._la_pass(ctx)
             res = train_weights(
                 model,
                 state["decoders"],
@@ -333,11 +408,12 @@ class FedLPPA(Method):
                 ctx.batches,
                 lambda m, x, y: loss(m(x), y),
                 eta=self._la_eta(ctx),
-                steps=c.la_iters,
+                steps=per_pass if c.la_schedule == "passes" else c.la_iters,
                 settle=first,
-                max_steps=c.la_max_iters,
+                max_steps=c.la_max_iters * per_pass,
                 window=c.la_window,
                 tol=c.la_tol,
+                pass_steps=per_pass,
                 update=c.la_update,
             )
             metrics |= {"la_steps": float(res.steps), "la_eta": self._la_eta(ctx)}
@@ -346,7 +422,8 @@ class FedLPPA(Method):
             log.clear()
         metrics |= train_steps(model, ctx, loss_fn=loss)
         metrics |= {k: v / log["n"] for k, v in log.items() if k != "n"}
-        self._keep_other_ddp_slots(model, payload, site.index)
+        if c.restore_ddp_slots:
+            self._keep_other_ddp_slots(model, payload, site.index)
         sd = model.state_dict()
         parts = self.parts(model)
         if c.la:

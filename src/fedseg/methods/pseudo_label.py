@@ -46,6 +46,7 @@ def dual_decoder_loss(
     lam: float = 0.5,
     mix_low: float = 0.7,
     mix_high: float = 1.0,
+    aux_pce: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Eqs. 14-17 on one batch: ``(loss, parts)``.
 
@@ -54,6 +55,8 @@ def dual_decoder_loss(
         labels: ``[B, *S]`` sparse labels; unlabeled pixels equal ``ignore_index``.
         generator: CPU generator the mixing weight ``lm ~ U(mix_low, mix_high)`` is drawn from.
         lam: weight of the pseudo-label Dice term (paper: 0.5).
+        aux_pce: supervise both decoders, ``(pCE_main + pCE_aux) / 2`` (Eq. 16); else the
+            main decoder's pCE alone (FedLPPA's code).
 
     Returns:
         The scalar loss and its parts as floats: ``sup``, ``pse``, ``pce_main``,
@@ -73,7 +76,7 @@ def dual_decoder_loss(
     target = pseudo_label(main_logits.detach(), aux_logits.detach(), mix)
     pce_main, pce_aux = pce(main_logits, labels), pce(aux_logits, labels)
     dice_main, dice_aux = dice(main_logits, target), dice(aux_logits, target)
-    sup = 0.5 * pce_main + 0.5 * pce_aux
+    sup = 0.5 * pce_main + 0.5 * pce_aux if aux_pce else pce_main
     pse = 0.5 * dice_main + 0.5 * dice_aux
     parts = {
         "sup": sup,
