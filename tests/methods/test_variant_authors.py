@@ -217,7 +217,7 @@ def test_one_round_with_variant_authors_runs_and_its_dump_shows_the_settings(met
         "data": {"root": str(root), "labels": "weak" if method == "fedlppa" else "full"},
         "method": block,
         "train": {"rounds": 1, "augment": False, **train},
-        "eval": {"save_models": False},
+        "eval": {"save_models": False, "every": 0},
         "engine": {"device": "cpu", "threads": 1},
     }
     if method == "fedbcs":
