@@ -196,6 +196,8 @@ def main() -> None:
     ap.add_argument("--summary", action="store_true")
     args = ap.parse_args()
     if args.summary:
+        if not any(args.out.glob("*.json")):
+            ap.error(f"--summary: no measured point under {args.out}")
         table = summary(args.out)
         print(table)
         (args.out / "table.md").write_text(table + "\n")
