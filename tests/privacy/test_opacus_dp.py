@@ -10,6 +10,7 @@ from opacus.accountants import PRVAccountant, RDPAccountant
 from scipy.stats import ks_2samp, ttest_ind
 
 from fedseg.engine.sites import client_context
+from fedseg.errors import ConfigError
 from fedseg.methods.base import TrainSettings
 from fedseg.methods.training import segmentation_loss, step_loop, train_steps
 from fedseg.models.unet import UNetConfig
@@ -124,8 +125,29 @@ def test_accountant_agrees_with_opacus(z, rate, steps, delta):
 
 def test_opacus_validator_refuses_batch_norm_and_accepts_group_norm():
     require_per_example(UNetConfig(widths=(8, 16), dropout=(0, 0), norm="group").build(1, 2, 2))
-    with pytest.raises(Exception, match=r"BatchNorm layers \(encoder"):
+    with pytest.raises(ConfigError, match=r"BatchNorm layers \(encoder"):
         require_per_example(UNetConfig(widths=(4, 8), dropout=(0, 0)).build(1, 2, 2))
     # a batch-mixing layer Opacus knows, not named BatchNorm by fedseg's own check
-    with pytest.raises(Exception, match="Opacus refuses the network"):
+    with pytest.raises(ConfigError, match="Opacus refuses the network"):
         require_per_example(torch.nn.Sequential(torch.nn.Conv2d(1, 2, 1), torch.nn.LSTM(2, 2)))
+
+
+def test_networks_outside_per_example_hooks_refuse():
+    """SynergyNet's attention has no Opacus hook (ModuleValidator names the replacement), and
+    a module with a loss term of the whole batch's forward is refused even where every layer
+    has a hook."""
+    from fedseg.models.synergynet import SynergyNetConfig
+
+    net = SynergyNetConfig(widths=(8, 16, 32), dropout=(0, 0, 0), norm="group").build(1, 2, 2)
+    with pytest.raises(ConfigError, match=r"Opacus refuses the network: .*MultiheadAttention"):
+        require_per_example(net)
+
+    class BatchTerm(torch.nn.Conv2d):
+        def pop_auxiliary_loss(self) -> torch.Tensor | None:
+            return None
+
+        def auxiliary_metrics(self) -> dict[str, float]:
+            return {}
+
+    with pytest.raises(ConfigError, match="BatchTerm adds a loss term of the whole batch"):
+        require_per_example(torch.nn.Sequential(BatchTerm(1, 2, 1)))
