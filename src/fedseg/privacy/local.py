@@ -63,6 +63,7 @@ __all__ = [
     "batch_norms",
     "clipped_sum",
     "require_local_dp",
+    "require_per_example",
     "supported_local_methods",
     "supports_local_dp",
 ]
