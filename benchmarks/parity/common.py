@@ -1,0 +1,192 @@
+"""Shared parts of the parity drivers (``benchmarks/parity/<code>.py``; see README.md).
+
+A driver writes a fedseg federation in another codebase's layout, runs that code (a
+checkout of a pinned commit, unmodified but for the shims of ``shims/``), collects its
+per-case test predictions and scores them here with fedseg's metrics on fedseg's test cases,
+writing a fedseg-style run folder (``config.yaml``, ``results.json``, ``cases.csv``) that
+``fedseg report`` pairs with fedseg runs case by case. Two selections are written:
+
+- the run folder itself: the model of the last round (fedseg's rule);
+- ``<run>/best_round/``: the round the code itself keeps (its best round on the test
+  split), what its paper reports. A run folder of its own, so reports can read it too.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from fedseg.data import FederatedDataset
+from fedseg.data.synth import synthesize
+from fedseg.data.weak import generate_weak_labels
+from fedseg.engine.rundir import RunDir
+from fedseg.errors import DataError
+from fedseg.metrics import EMPTY_POLICY, MetricAccumulator, mean_over_sites
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNS = ROOT / "runs" / "parity"
+SHIMS = Path(__file__).resolve().parent / "shims"
+MIRRORS = Path("/work/.mirror")
+BEST = "best_round"
+"""Sub-folder of a parity run holding the code's own selection (its best round on test)."""
+CASE_MAP = "case_map.json"
+"""File, in the layout folder, mapping the code's file names to fedseg's ``[site, case id]``."""
+
+
+@dataclass(frozen=True)
+class Code:
+    """A pinned public codebase."""
+
+    repository: str
+    commit: str
+
+    @property
+    def mirror(self) -> Path:
+        """Default git directory of a snapshot (the ``fetch`` tool's layout)."""
+        return MIRRORS / self.repository.replace("/", "+") / "repo"
+
+
+def export(code: Code, git_dir: Path, dest: Path) -> Path:
+    """A fresh work tree of ``code.commit`` from ``git_dir`` at ``dest`` (``git archive``)."""
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    try:
+        blob = subprocess.run(
+            ["git", f"--git-dir={git_dir}", "archive", "--format=tar", code.commit],
+            check=True,
+            capture_output=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise SystemExit(
+            f"{git_dir}: cannot export {code.repository} @ {code.commit}: {e}"
+        ) from None
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=blob, check=True)
+    return dest
+
+
+def synth_federation(
+    root: Path, task: str, *, sites: int, size: int, train: int, test: int, seed: int
+) -> Path:
+    """A small synthetic federation with weak labels (``fedseg.data.synth``), for smoke runs:
+    ``train`` training and ``test`` test images per site, no validation split."""
+    n = train + test
+    synthesize(
+        task,
+        root,
+        sites=sites,
+        size=size,
+        per_site=n,
+        seed=seed,
+        split=(train / n, 0.0, test / n),
+        site_weights=[1.0] * sites,
+        overwrite=True,
+    )
+    generate_weak_labels(root, seed=seed)
+    return root
+
+
+def write_case_map(layout: Path, mapping: Mapping[str, tuple[str, str]]) -> None:
+    """Keep ``{code's file name: (site, case id)}`` beside the written layout."""
+    (layout / CASE_MAP).write_text(json.dumps({k: list(v) for k, v in mapping.items()}, indent=1))
+
+
+def read_case_map(layout: Path) -> dict[str, tuple[str, str]]:
+    """The map :func:`write_case_map` wrote."""
+    raw = json.loads((layout / CASE_MAP).read_text())
+    return {k: (str(v[0]), str(v[1])) for k, v in raw.items()}
+
+
+def score(
+    fed_root: Path, predictions: Mapping[str, Mapping[str, np.ndarray]]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Score ``{site: {case id: label map}}`` on the federation's test cases with fedseg's
+    metrics (the manifest's regions, every metric fedseg reports, the cases' spacing), in
+    fedseg's case order; a DataError names a site or case without a prediction."""
+    fed = FederatedDataset.open(fed_root)
+    regions = fed.manifest.regions
+    per_site: dict[str, Any] = {}
+    for site in (s.name for s in fed.manifest.sites):
+        test = fed.load(site, "test", "full")
+        got = predictions.get(site, {})
+        missing = [i for i in test.ids if i not in got]
+        if missing:
+            raise DataError(
+                f"{fed_root}: site {site!r}: no prediction for test cases {missing[:3]} "
+                f"({len(missing)} of {len(test.ids)})"
+            )
+        acc = MetricAccumulator(regions)
+        for i, cid in enumerate(test.ids):
+            pred = np.asarray(got[cid]).astype(np.int64)[None]
+            sp = None if test.spacing is None else [test.spacing[i]]
+            acc.add(pred, test.masks[i : i + 1].numpy(), spacing=sp, ids=[cid])
+        per_site[site] = acc
+    return per_site, {s: a.aggregate() for s, a in per_site.items()}
+
+
+class _Cases:
+    """What :meth:`RunDir.write_cases` reads of a site's evaluation."""
+
+    def __init__(self, acc: MetricAccumulator) -> None:
+        self.per_case = acc.per_case
+
+
+def write_run(
+    out: Path,
+    fed_root: Path,
+    predictions: Mapping[str, Mapping[str, np.ndarray]],
+    config: dict[str, Any],
+    parity: dict[str, Any],
+) -> dict[str, Any]:
+    """Write a fedseg-style run folder at ``out``: ``config.yaml`` (``config`` with its
+    ``parity`` block), ``results.json`` and ``cases.csv`` (fedseg's columns)."""
+    accs, sites = score(fed_root, predictions)
+    cases = {s: len(a) for s, a in accs.items()}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(yaml.safe_dump({**config, "parity": parity}, sort_keys=False))
+    results = {
+        "method": config["method"]["name"],
+        "name": config["name"],
+        "labels": config["data"]["labels"],
+        "seed": config["seed"],
+        "engine": f"parity:{parity['repository']}",
+        "sites": sites,
+        "average": mean_over_sites(sites),
+        "weighted_average": mean_over_sites(sites, weights=cases),
+        "cases": cases,
+        "empty_policy": EMPTY_POLICY,
+        "parity": parity,
+    }
+    rd = RunDir(out)
+    rd.write_results(results)
+    rd.write_cases({s: _Cases(a) for s, a in accs.items()})
+    return results
+
+
+def arm_config(
+    name: str,
+    method: str,
+    fed_root: Path,
+    *,
+    labels: str,
+    seed: int,
+    train: dict[str, Any],
+) -> dict[str, Any]:
+    """The ``config.yaml`` of a parity arm in fedseg's shape: what a fedseg run of
+    ``method`` on the same data and budget would name (the code's own settings go into the
+    ``parity`` block)."""
+    return {
+        "name": name,
+        "seed": seed,
+        "data": {"root": str(fed_root.resolve()), "labels": labels},
+        "method": {"name": method},
+        "train": train,
+        "eval": {"split": "test"},
+    }

@@ -1,0 +1,106 @@
+"""The parity drivers' conversion (benchmarks/parity): a fedseg federation written in
+llmir/FedLPPA's h5 layout, and recorded per-case predictions turned back into a fedseg run
+folder that the reports pair with fedseg's runs case by case. No authors' code is run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from fedseg.data import FederatedDataset
+from fedseg.reporting.runs import load_run
+from fedseg.reporting.stats import case_values
+
+PARITY = Path(__file__).resolve().parents[2] / "benchmarks" / "parity"
+
+
+def _load_driver(name: str):
+    """Import ``benchmarks/parity/<name>.py`` as a script runs it (its folder on the path)."""
+    sys.path.insert(0, str(PARITY))
+    try:
+        spec = importlib.util.spec_from_file_location(f"parity_{name}", PARITY / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(PARITY))
+
+
+fedlppa = _load_driver("fedlppa")
+common = sys.modules["common"]  # the shared module the driver imported
+
+
+@pytest.fixture(scope="module")
+def fed_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("fed") / "faz"
+    return common.synth_federation(root, "faz", sites=2, size=32, train=3, test=2, seed=0)
+
+
+def test_layout_holds_every_case_with_its_weak_key(fed_root: Path, tmp_path: Path) -> None:
+    fed = FederatedDataset.open(fed_root)
+    sups = fedlppa.write_layout(fed_root, tmp_path / "h5", "weak")
+    case_map = common.read_case_map(tmp_path / "h5")
+    assert len(sups) == 2 and "mask" not in sups
+    for k, site in enumerate(fed.manifest.sites):
+        for part in ("train", "test"):
+            split = fed.load(site.name, part, "full")
+            files = sorted((tmp_path / "h5" / f"Domain{k + 1}" / part).glob("*.h5"))
+            assert [f.stem for f in files] == sorted(split.ids)
+            for i, cid in enumerate(split.ids):
+                name = f"Domain{k + 1}/{part}/{cid}.h5"
+                assert case_map[name] == (site.name, cid)
+                with h5py.File(tmp_path / "h5" / name) as h5:
+                    np.testing.assert_array_equal(h5["mask"][:], split.masks[i].numpy())
+                    np.testing.assert_allclose(h5["image"][:], split.images[i, 0].numpy())
+                    assert (sups[k] in h5) == (part == "train")
+                    if part == "train":  # unlabeled pixels: their value num_classes (2)
+                        assert set(np.unique(h5[sups[k]][:])) <= {0, 1, 2}
+    assert fedlppa.write_layout(fed_root, tmp_path / "full", "full") == ["mask", "mask"]
+
+
+def _capture(path: Path, names: list[str], preds: np.ndarray, dice: float) -> None:
+    np.savez_compressed(path, names=np.array(names), preds=preds, val_mean_dice=np.float64(dice))
+
+
+def test_captures_become_fedseg_run_folders_paired_per_case(fed_root: Path, tmp_path: Path) -> None:
+    fed = FederatedDataset.open(fed_root)
+    fedlppa.write_layout(fed_root, tmp_path / "h5", "weak")
+    cap = tmp_path / "capture"
+    cap.mkdir()
+    truth = {}
+    for k, site in enumerate(fed.manifest.sites):
+        test = fed.load(site.name, "test", "full")
+        names = [f"Domain{k + 1}/test/{cid}.h5" for cid in reversed(test.ids)]  # their order
+        masks = test.masks.numpy()[::-1].astype(np.uint8)
+        truth[site.name] = dict(zip(reversed(test.ids), masks, strict=True))
+        # round 1 perfect (their best), round 2 (the last) all background
+        _capture(cap / f"client{k}_iter000005.npz", names, masks, 0.9)
+        _capture(cap / f"client{k}_iter000010.npz", names, np.zeros_like(masks), 0.0)
+    last, best, chosen = fedlppa.read_captures(cap, tmp_path / "h5", 2, 10)
+    assert chosen == {s.name: 5 for s in fed.manifest.sites}
+    cfg = common.arm_config("parity-x", "fedavg", fed_root, labels="weak", seed=0, train={})
+    run = tmp_path / "run"
+    res = common.write_run(run, fed_root, last, cfg, {"repository": "r", "selection": "last"})
+    best_res = common.write_run(run / common.BEST, fed_root, best, cfg, {"repository": "r"})
+    assert best_res["average"]["dsc"]["faz"] == 1.0
+    assert res["average"]["dsc"]["faz"] == 0.0
+    # fedseg's case order and ids; the reports read both folders and key cases by (site, id)
+    loaded = load_run(run)
+    assert loaded.config["parity"]["selection"] == "last"
+    keys = {(s.name, cid) for s in fed.manifest.sites for cid in fed.ids(s.name, "test")}
+    assert set(case_values(run / "cases.csv", "dsc")) == keys
+    assert set(case_values(run / common.BEST / "cases.csv", "dsc").values()) == {100.0}
+    assert json.loads((run / "results.json").read_text())["cases"] == {
+        s.name: 2 for s in fed.manifest.sites
+    }
+    missing = {k: dict(list(v.items())[:1]) for k, v in truth.items()}
+    with pytest.raises(Exception, match="no prediction for test cases"):
+        common.write_run(tmp_path / "bad", fed_root, missing, cfg, {"repository": "r"})
