@@ -253,6 +253,13 @@ def test_a_mask_grid_that_does_not_match_its_image_is_refused(tmp_path: Path) ->
     seg_file(tmp_path / "src" / "A" / "seg", drawn_on, (hu > 0).astype(np.uint8), ["liver"])
     with pytest.raises(DataError, match=r"mask grid does not match its image .*16 x 14 pixels"):
         import_dicom(tmp_path / "src", tmp_path / "o", class_names=CLASSES, shape=(8, 8))
+    # a SEG drawn on the series turned in-plane
+    turned = ct_series(tmp_path / "turned", hu, orientation=(-1, 0, 0, 0, 1, 0))
+    uid = str(turned[0].SeriesInstanceUID)
+    ct_series(tmp_path / "src2" / "A", hu, series_uid=uid)
+    seg_file(tmp_path / "src2" / "A" / "seg", turned, (hu > 0).astype(np.uint8), ["liver"])
+    with pytest.raises(DataError, match=r"mask grid does not match .*another ImageOrientation"):
+        import_dicom(tmp_path / "src2", tmp_path / "o", class_names=CLASSES, shape=(8, 8))
     # an RTSTRUCT contour half-way between two slices lies on none of them
     series = ct_series(tmp_path / "rt" / "A", hu)
     contour = box_contour(series[1], 4, 9, 3, 8)

@@ -100,14 +100,15 @@ def _check_grid(path: Path, seg: Dataset, series: Series) -> None:
     else:
         same = True
     orient = getattr(shared, "PlaneOrientationSequence", None)
+    turned = False
     if orient is not None:
         iop = np.concatenate([series.affine[:3, 2], series.affine[:3, 1]])
         iop /= np.repeat(np.linalg.norm(iop.reshape(2, 3), axis=1), 3)
-        same &= np.allclose(orient[0].ImageOrientationPatient, iop, atol=0.01)
-    if (seg.Rows, seg.Columns) != (rows, cols) or not same:
+        turned = not np.allclose(orient[0].ImageOrientationPatient, iop, atol=0.01)
+    if (seg.Rows, seg.Columns) != (rows, cols) or not same or turned:
         raise DataError(
-            f"{path}: the mask grid does not match its image {series.name}: {found} "
-            f"(orientation {'same' if orient is None else 'as given'}), the series has {want}"
+            f"{path}: the mask grid does not match its image {series.name}: {found}"
+            f"{', another ImageOrientationPatient' if turned else ''}, the series has {want}"
         )
 
 
