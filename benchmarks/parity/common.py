@@ -144,13 +144,17 @@ def write_run(
     predictions: Mapping[str, Mapping[str, np.ndarray]],
     config: dict[str, Any],
     parity: dict[str, Any],
+    measured: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Write a fedseg-style run folder at ``out``: ``config.yaml`` (``config`` with its
-    ``parity`` block), ``results.json`` and ``cases.csv`` (fedseg's columns)."""
+    """Write a fedseg-style run folder at ``out``: ``config.yaml`` (``config`` with the arm's
+    ``parity`` block: repository, commit, command, selection rule), ``results.json`` (with
+    ``parity`` and the ``measured`` facts of this run, e.g. wall time) and ``cases.csv``
+    (fedseg's columns)."""
     accs, sites = score(fed_root, predictions)
     cases = {s: len(a) for s, a in accs.items()}
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(yaml.safe_dump({**config, "parity": parity}, sort_keys=False))
+    config = {**config, "parity": parity}
+    (out / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     results = {
         "method": config["method"]["name"],
         "name": config["name"],
@@ -162,7 +166,7 @@ def write_run(
         "weighted_average": mean_over_sites(sites, weights=cases),
         "cases": cases,
         "empty_policy": EMPTY_POLICY,
-        "parity": parity,
+        "parity": {**parity, **(measured or {})},
     }
     rd = RunDir(out)
     rd.write_results(results)
@@ -172,21 +176,64 @@ def write_run(
 
 def arm_config(
     name: str,
-    method: str,
+    method: dict[str, Any],
     fed_root: Path,
     *,
     labels: str,
     seed: int,
     train: dict[str, Any],
+    like: Path | None = None,
 ) -> dict[str, Any]:
-    """The ``config.yaml`` of a parity arm in fedseg's shape: what a fedseg run of
-    ``method`` on the same data and budget would name (the code's own settings go into the
-    ``parity`` block)."""
-    return {
-        "name": name,
-        "seed": seed,
-        "data": {"root": str(fed_root.resolve()), "labels": labels},
-        "method": {"name": method},
-        "train": train,
-        "eval": {"split": "test"},
-    }
+    """The ``config.yaml`` of a parity arm in fedseg's shape. With ``like`` (the fedseg run
+    folder or config the arm is compared with) that config, renamed, with this seed and
+    federation, so that the reports see the two rows differ in the ``parity`` block only; its
+    ``train`` entries that ``train`` also gives must agree (one budget for both sides). Else
+    a minimal config naming ``method``, the labels and ``train``."""
+    fed = {"root": str(fed_root.resolve()), "labels": labels}
+    if like is None:
+        return {
+            "name": name,
+            "seed": seed,
+            "data": fed,
+            "method": method,
+            "train": train,
+            "eval": {"split": "test"},
+        }
+    path = like / "config.yaml" if like.is_dir() else like
+    base = yaml.safe_load(path.read_text())
+    if not isinstance(base, dict) or not isinstance(base.get("train"), dict):
+        raise SystemExit(f"{path}: expected a fedseg run config with a train block")
+    differ = {k: (base["train"].get(k), v) for k, v in train.items() if base["train"].get(k) != v}
+    if differ:
+        raise SystemExit(f"{path}: train settings differ from the arm's (theirs, ours): {differ}")
+    if base.get("data", {}).get("labels", labels) != labels:
+        raise SystemExit(f"{path}: data.labels {base['data']['labels']!r}, the arm uses {labels!r}")
+    return {**base, "name": name, "seed": seed, "data": {**base.get("data", {}), **fed}}
+
+
+def write_selections(
+    out: Path,
+    fed_root: Path,
+    last: Mapping[str, Mapping[str, np.ndarray]],
+    best: Mapping[str, Mapping[str, np.ndarray]],
+    config: dict[str, Any],
+    parity: dict[str, Any],
+    *,
+    rule: str,
+    measured: dict[str, Any],
+) -> dict[str, Any]:
+    """The two run folders of an arm: the last round at ``out`` (fedseg's rule) and the
+    code's own pick (``rule``, e.g. its best round on test) at ``out/best_round``; returns
+    the last round's results."""
+    results = write_run(
+        out, fed_root, last, config, {**parity, "selection": "last round"}, measured
+    )
+    write_run(
+        out / BEST,
+        fed_root,
+        best,
+        {**config, "name": f"{config['name']}-best-round"},
+        {**parity, "selection": rule},
+        measured,
+    )
+    return results

@@ -43,7 +43,6 @@ from authors_toy import (
     _wait_port,
 )
 from common import (
-    BEST,
     RUNS,
     SHIMS,
     Code,
@@ -51,7 +50,7 @@ from common import (
     export,
     read_case_map,
     write_case_map,
-    write_run,
+    write_selections,
 )
 
 CODE = Code("llmir/FedLPPA", "6594e1a")
@@ -163,6 +162,7 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=10, help="local iterations per round")
     ap.add_argument("--batch", type=int, default=12)
     ap.add_argument("--lr", type=float, default=0.01)
+    ap.add_argument("--like", type=Path, help="the fedseg run (or config) it is compared with")
     ap.add_argument("--git-dir", type=Path, default=CODE.mirror)
     ap.add_argument("--python", default=str(RUNS / "venv-fedlppa" / "bin" / "python"))
     ap.add_argument("--work", type=Path, help="scratch folder (default runs/parity/work/...)")
@@ -170,6 +170,16 @@ def main() -> None:
     ap.add_argument("extra", nargs="*", help="after --: more arguments for their script")
     args = ap.parse_args()
     method, model, method_args = STRATEGIES[args.strategy]
+    train = {"rounds": args.rounds, "local_iters": args.iters, "batch_size": args.batch}
+    cfg = arm_config(
+        f"parity-fedlppa-{method}",
+        {"name": method},
+        args.data,
+        labels=args.labels,
+        seed=args.seed,
+        train={**train, "lr": args.lr},
+        like=args.like,
+    )
     work = args.work or RUNS / "work" / f"fedlppa-{args.strategy}-s{args.seed}"
     fed = FederatedDataset.open(args.data)
     size = fed.manifest.spatial_shape[0]
@@ -182,7 +192,7 @@ def main() -> None:
     port = _free_port()
     env = dict(
         os.environ,
-        PYTHONPATH=f"{SHIMS / 'fedlppa'}",
+        PYTHONPATH=f"{SHIMS / 'fedlppa'}{os.pathsep}{SHIMS}",
         FEDSEG_PARITY_CAPTURE=str(capture),
         OMP_NUM_THREADS="1",
         MKL_NUM_THREADS="1",
@@ -191,7 +201,7 @@ def main() -> None:
         PYTHONWARNINGS="ignore",
     )
     exp = f"parity/{args.strategy}-s{args.seed}"
-    common = [
+    their_args = [
         "--root_path", str((work / "h5").resolve()), "--num_classes", str(fed.manifest.num_classes),
         "--in_chns", str(fed.manifest.channels), "--img_class", "faz", "--exp", exp,
         "--model", model, "--max_iterations", str(args.iters * args.rounds),
@@ -202,7 +212,7 @@ def main() -> None:
         "--img_size", str(size), "--seed", str(args.seed), "--gpu", "0",
         *method_args, *args.extra,
     ]  # fmt: skip
-    script = [args.python, str(code / SCRIPT), *common]
+    script = [args.python, str(code / SCRIPT), *their_args]
     procs = {}
     t0 = time.perf_counter()
     try:
@@ -228,30 +238,23 @@ def main() -> None:
     last, best, chosen = read_captures(
         capture, work / "h5", len(sup_types), args.rounds * args.iters
     )
-    train = {
-        "rounds": args.rounds,
-        "local_iters": args.iters,
-        "batch_size": args.batch,
-        "lr": args.lr,
-    }
-    name = f"parity-fedlppa-{method}"
+    at = their_args.index("--server_address")
     parity = {
         "repository": CODE.repository,
         "commit": CODE.commit,
         "script": SCRIPT,
-        "arguments": common[common.index("--model") :],
+        "arguments": their_args[their_args.index("--model") : at] + their_args[at + 2 :],
         "sup_types": sup_types,
-        "wall_s": round(wall, 1),
-        "s_per_round": round(wall / args.rounds, 2),
     }
-    cfg = arm_config(name, method, args.data, labels=args.labels, seed=args.seed, train=train)
-    write_run(args.out, args.data, last, cfg, {**parity, "selection": "last round"})
-    write_run(
-        args.out / BEST,
+    write_selections(
+        args.out,
         args.data,
+        last,
         best,
-        {**cfg, "name": f"{name}-best-round"},
-        {**parity, "selection": "their best round on test (val_mean_dice)", "chosen_iter": chosen},
+        cfg,
+        parity,
+        rule="their best round on test: per client, the first best val_mean_dice",
+        measured={"wall_s": round(wall, 1), "chosen_iter": chosen},
     )
     print(f"{args.out}: {wall:.0f} s ({wall / args.rounds:.1f} s/round); their picks {chosen}")
 

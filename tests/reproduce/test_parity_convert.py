@@ -9,9 +9,11 @@ import json
 import sys
 from pathlib import Path
 
+import cv2
 import h5py
 import numpy as np
 import pytest
+import yaml
 
 from fedseg.data import FederatedDataset
 from fedseg.reporting.runs import load_run
@@ -35,6 +37,7 @@ def _load_driver(name: str):
 
 
 fedlppa = _load_driver("fedlppa")
+fedbcs = _load_driver("fedbcs")
 common = sys.modules["common"]  # the shared module the driver imported
 
 
@@ -86,7 +89,9 @@ def test_captures_become_fedseg_run_folders_paired_per_case(fed_root: Path, tmp_
         _capture(cap / f"client{k}_iter000010.npz", names, np.zeros_like(masks), 0.0)
     last, best, chosen = fedlppa.read_captures(cap, tmp_path / "h5", 2, 10)
     assert chosen == {s.name: 5 for s in fed.manifest.sites}
-    cfg = common.arm_config("parity-x", "fedavg", fed_root, labels="weak", seed=0, train={})
+    cfg = common.arm_config(
+        "parity-x", {"name": "fedavg"}, fed_root, labels="weak", seed=0, train={}
+    )
     run = tmp_path / "run"
     res = common.write_run(run, fed_root, last, cfg, {"repository": "r", "selection": "last"})
     best_res = common.write_run(run / common.BEST, fed_root, best, cfg, {"repository": "r"})
@@ -104,3 +109,63 @@ def test_captures_become_fedseg_run_folders_paired_per_case(fed_root: Path, tmp_
     missing = {k: dict(list(v.items())[:1]) for k, v in truth.items()}
     with pytest.raises(Exception, match="no prediction for test cases"):
         common.write_run(tmp_path / "bad", fed_root, missing, cfg, {"repository": "r"})
+
+
+def test_arm_config_like_a_fedseg_run_refuses_another_budget(
+    fed_root: Path, tmp_path: Path
+) -> None:
+    like = tmp_path / "fedseg.yaml"
+    train = {"rounds": 3, "batch_size": 4, "lr": 0.01}
+    data = {"root": "elsewhere", "labels": "weak"}
+    base = {"name": "x", "seed": 5, "data": data, "method": {"name": "fedavg"}, "train": train}
+    like.write_text(yaml.safe_dump(base))
+    cfg = common.arm_config(
+        "p", {"name": "fedavg"}, fed_root, labels="weak", seed=1, train={"rounds": 3}, like=like
+    )
+    assert cfg["train"] == base["train"] and cfg["seed"] == 1 and cfg["name"] == "p"
+    assert cfg["data"]["root"] == str(fed_root.resolve())
+    with pytest.raises(SystemExit, match="rounds"):
+        common.arm_config(
+            "p", {"name": "fedavg"}, fed_root, labels="weak", seed=1, train={"rounds": 2}, like=like
+        )
+
+
+def test_fedbcs_lists_and_captures(tmp_path: Path) -> None:
+    root = common.synth_federation(
+        tmp_path / "nuclei", "nuclei", sites=4, size=32, train=2, test=2, seed=0
+    )
+    fed = FederatedDataset.open(root)
+    data = tmp_path / "data"
+    fedbcs.write_layout(root, data)
+    names, preds = [], []
+    for domain, site in zip(fedbcs.DOMAINS, fed.manifest.sites, strict=True):
+        test = fed.load(site.name, "test", "full")
+        lines = (data / domain / "val.txt").read_text().splitlines()
+        assert [ln.split()[0] for ln in lines] == [f"{domain}/val/{c}.png" for c in test.ids]
+        for ln, img, mask in zip(lines, test.images, test.masks, strict=True):
+            png, mpng = (cv2.imread(str(data / p), cv2.IMREAD_UNCHANGED) for p in ln.split())
+            assert png.dtype == np.uint16 and png.shape == (32, 32, 3)
+            np.testing.assert_array_equal(mpng, mask.numpy())
+            x = img.numpy().transpose(1, 2, 0)  # the same image up to its range
+            np.testing.assert_allclose(
+                png / 65535.0, (x - x.min()) / (x.max() - x.min()), atol=1e-4
+            )
+        assert len((data / domain / "train.txt").read_text().splitlines()) == 2
+        names += [ln.split()[0] for ln in lines]
+        preds += [m.numpy().astype(np.uint8) for m in test.masks]
+    cap = tmp_path / "capture"
+    cap.mkdir()
+    truth = np.stack(preds)
+    for r, (p, dice) in enumerate([(np.zeros_like(truth), 0.1), (truth, 0.8), (truth, 0.8)]):
+        np.savez_compressed(cap / f"round{r:04d}.npz", names=np.array(names), preds=p,
+                            class1_dice=np.full(4, dice))  # fmt: skip
+    last, best, chosen = fedbcs.read_captures(cap, data, 3)
+    assert chosen == 1  # the first of equal scores
+    cfg = common.arm_config("p", {"name": "fedbcs"}, root, labels="full", seed=0, train={})
+    res = common.write_selections(
+        tmp_path / "run", root, last, best, cfg, {"repository": "r"}, rule="best", measured={}
+    )
+    assert res["average"]["dsc"] == {"nuclei": 1.0}
+    assert load_run(tmp_path / "run" / common.BEST).config["parity"]["selection"] == "best"
+    with pytest.raises(SystemExit, match="expected 0 to 3"):
+        fedbcs.read_captures(cap, data, 4)
