@@ -96,7 +96,10 @@ def test_a_kept_run_made_under_another_method_default_is_not_reused(tmp_path):
     cfg = parse_config({"data": {"root": "d"}, "method": {"name": "ft"}})
     run = tmp_path / "run"
     run.mkdir()
-    (run / "results.json").write_text(json.dumps({"precision": {}}))
+    dsc = {"dsc": {"fg": 0.5}}
+    (run / "results.json").write_text(
+        json.dumps({"precision": {}, "sites": {"A": dsc}, "average": dsc})
+    )
     (run / "cases.csv").write_text("site,case\n")
     cfg = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"amp": "off"})})
     (run / "config.yaml").write_text(dump_config(cfg))
