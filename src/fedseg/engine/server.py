@@ -39,7 +39,7 @@ from fedseg.methods import (
 )
 from fedseg.methods.base import Aggregator, payload_size, validate_payload
 from fedseg.models import parse_model
-from fedseg.privacy import private_method
+from fedseg.privacy import CentralDP, private_method
 from fedseg.privacy.central import update_norm
 
 __all__ = [
@@ -239,6 +239,8 @@ class ServerCore:
         check_sample_counts(method.spec, self.screening)
         self.model = initial_model(method, seed)
         self.upload_template = method.upload_template(self.model)
+        self.uploads_updates = isinstance(method, CentralDP)
+        """Uploads are updates (central DP: clipped differences from the payload), not states."""
         init = method.init_server(self.model)
         self.payloads, self.state = init.payloads, init.state
 
@@ -255,12 +257,14 @@ class ServerCore:
         """UploadError unless ``upload`` is what ``site`` may send."""
         declared = self.spec.site(site).num_train
         validate_payload(site, upload, self.upload_template, expected_examples=declared)
-        check_invariants(site, upload)
+        if not self.uploads_updates:  # a variance's update may be negative
+            check_invariants(site, upload)
 
     def update_norm(self, site: str, upload: Payload) -> float:
         """L2 norm of ``upload``'s floating-point tensors minus those of the payload ``site``
-        was sent this round (a tensor the payload lacks counts whole)."""
-        sent = self.payloads[site].tensors
+        was sent this round (a tensor the payload lacks counts whole); of the upload itself
+        when it is an update (central DP)."""
+        sent = {} if self.uploads_updates else self.payloads[site].tensors
         return update_norm(
             {
                 k: t.double() - sent[k].double() if k in sent and sent[k].shape == t.shape else t
