@@ -166,6 +166,7 @@ def write_run(
         "weighted_average": mean_over_sites(sites, weights=cases),
         "cases": cases,
         "empty_policy": EMPTY_POLICY,
+        "precision": {"amp": "off", "channels_last": False},  # every driven code: float32
         "parity": {**parity, **(measured or {})},
     }
     rd = RunDir(out)

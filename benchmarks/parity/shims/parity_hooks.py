@@ -1,5 +1,6 @@
-"""Import hook shared by the parity shims (``shims/<code>/sitecustomize.py``): after a named
-module of the other codebase is imported the normal way, a function patches names in it."""
+"""Helpers shared by the parity shims (``shims/<code>/sitecustomize.py``): an import hook
+that patches names in a module of the other codebase right after it is imported the normal
+way, and the torchvision operator declarations the CUDA torchvision wheel needs here."""
 
 from __future__ import annotations
 
@@ -11,7 +12,21 @@ import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["patch_after_import"]
+import torch
+
+__all__ = ["declare_torchvision_ops", "patch_after_import"]
+
+_LIBS: list[torch.library.Library] = []
+
+
+def declare_torchvision_ops() -> None:
+    """Declare the ``torchvision::nms`` and ``torchvision::qnms`` schemas (no kernels): the
+    only torchvision wheel served here is a CUDA build, whose import registers kernels for
+    them and fails beside the CPU torch when they are undeclared. Neither code calls nms."""
+    lib = torch.library.Library("torchvision", "DEF")
+    lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    _LIBS.append(lib)  # kept alive: a dropped Library removes its definitions
 
 
 class _PatchAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):

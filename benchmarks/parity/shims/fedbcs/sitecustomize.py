@@ -28,11 +28,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from parity_hooks import patch_after_import
+from parity_hooks import declare_torchvision_ops, patch_after_import
 
-_LIB = torch.library.Library("torchvision", "DEF")
-_LIB.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-_LIB.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+declare_torchvision_ops()
 
 CAPTURE = os.environ.get("FEDSEG_PARITY_CAPTURE")
 SIZE = int(os.environ.get("FEDSEG_PARITY_SIZE", "256"))
