@@ -108,6 +108,23 @@ def test_a_setting_recorded_since_reads_as_its_default_in_older_runs(
     assert len(section.rows[0].runs) == 2 and not section.warnings
 
 
+def test_settings_added_since_a_run_was_made_read_as_their_defaults(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """A run made before a block or setting existed (here ``privacy`` and ``data.synth.split``)
+    pools with today's runs at its defaults: no row split, no 'rows differ' warning."""
+    import yaml
+
+    old = tmp_path / "old"
+    shutil.copytree(runs["seed1"], old)
+    raw = yaml.safe_load((old / "config.yaml").read_text())
+    raw.pop("privacy", None)
+    raw["data"].get("synth", {}).pop("split", None)
+    (old / "config.yaml").write_text(yaml.safe_dump(raw))
+    (section,) = build_report([load_run(runs["seed0"]), load_run(old)]).sections
+    assert [r.label for r in section.rows] == ["fedavg"] and not section.warnings
+
+
 def test_warns_about_other_differences_and_splits_tasks(runs: dict[str, Path]) -> None:
     res = cli.invoke(app, ["report", *(str(runs[k]) for k in ("seed0", "longer", "other_task"))])
     assert res.exit_code == 0, res.output

@@ -70,8 +70,20 @@ def load_run(run_dir: Path) -> Run:
     if not rd.results_json.is_file():
         raise ConfigError(f"{rd.path}: no results.json (is the run finished?)")
     results = read_results(rd.results_json)
-    config = rd.stored_config() if rd.config.is_file() else {}
+    config = _resolved(rd.stored_config()) if rd.config.is_file() else {}
     return Run(rd.path, config, results, rd.rounds())
+
+
+def _resolved(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with every setting it does not hold at today's default, so a run made
+    before a setting existed reads as it behaved and pools with today's runs; ``config`` as
+    it is where it no longer parses."""
+    from fedseg.config import dump_config, parse_config
+
+    try:
+        return yaml.safe_load(dump_config(parse_config(config)))
+    except ConfigError:
+        return config
 
 
 def read_results(path: Path) -> dict[str, Any]:
