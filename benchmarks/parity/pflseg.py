@@ -13,7 +13,7 @@
    --fl F --max_epoch N --base_lr 1e-3`` from an export of the pinned commit in its own venv
    (``runs/parity/venv-pflseg``) with ``shims/pflseg`` on ``PYTHONPATH`` (README.md).
    Its ``Dataset.__len__`` is 300: each round is 300 random draws (with replacement) per
-   site, 38 batches of 8, whatever the site's size; the fedseg arm must mirror that.
+   site (38 batches of 8), whatever the site's size; the fedseg arm must mirror that.
 3. Scores the last round's per-site models with fedseg's metrics into ``--out`` and the
    round it keeps (one choice for all sites: the best mean over sites of its test Jaccard,
    its ``Site{k}_best.pth``) into ``--out/best_round``.
@@ -114,6 +114,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rounds", type=int, required=True)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--batch", type=int, default=8, help="its --batch_size (default 8)")
     ap.add_argument("--like", type=Path, help="the fedseg run (or config) it is compared with")
     ap.add_argument("--git-dir", type=Path, default=CODE.mirror)
     ap.add_argument("--python", default=str(RUNS / "venv-pflseg" / "bin" / "python"))
@@ -127,7 +128,7 @@ def main() -> None:
         args.data,
         labels="full",
         seed=args.seed,
-        train={"rounds": args.rounds, "batch_size": 8, "lr": args.lr},
+        train={"rounds": args.rounds, "batch_size": args.batch, "lr": args.lr},
         like=args.like,
     )
     work = args.work or RUNS / "work" / f"pflseg-{args.fl}-s{args.seed}"
@@ -154,6 +155,7 @@ def main() -> None:
     cmd = [
         "--fl", args.fl, "--net", "pvtb0_fpn", "--dataset", "polyp", "--ver", f"s{args.seed}",
         "--max_epoch", str(args.rounds), "--base_lr", str(args.lr), "--seed", str(args.seed),
+        "--batch_size", str(args.batch),
         "--gpu", "0", *args.extra,
     ]  # fmt: skip
     t0 = time.perf_counter()

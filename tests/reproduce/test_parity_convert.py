@@ -1,6 +1,7 @@
-"""The parity drivers' conversion (benchmarks/parity): a fedseg federation written in
-llmir/FedLPPA's h5 layout, and recorded per-case predictions turned back into a fedseg run
-folder that the reports pair with fedseg's runs case by case. No authors' code is run."""
+"""The parity drivers' conversion (benchmarks/parity): a fedseg federation written in the
+layouts of llmir/FedLPPA, zxy1234321/FedBCS and jcwang123/PFL-Seg-Trans, and recorded per-case
+predictions turned back into a fedseg run folder that the reports pair with fedseg's runs case
+by case. No authors' code is run."""
 
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ def _load_driver(name: str):
 
 fedlppa = _load_driver("fedlppa")
 fedbcs = _load_driver("fedbcs")
+pflseg = _load_driver("pflseg")
 common = sys.modules["common"]  # the shared module the driver imported
 
 
@@ -169,3 +171,39 @@ def test_fedbcs_lists_and_captures(tmp_path: Path) -> None:
     assert load_run(tmp_path / "run" / common.BEST).config["parity"]["selection"] == "best"
     with pytest.raises(SystemExit, match="expected 0 to 3"):
         fedbcs.read_captures(cap, data, 4)
+
+
+def test_pflseg_arrays_and_captures(tmp_path: Path) -> None:
+    root = common.synth_federation(
+        tmp_path / "polyp", "polyp", sites=4, size=32, train=1, test=2, seed=0
+    )
+    fed = FederatedDataset.open(root)
+    data = tmp_path / "data"
+    pflseg.write_layout(root, data)
+    cap = tmp_path / "capture"
+    cap.mkdir()
+    for k, site in enumerate(fed.manifest.sites):
+        test = fed.load(site.name, "test", "full")
+        names = [f"polyp/Site{k + 1}/test/image/{c}.npy" for c in test.ids]
+        for name, img, mask in zip(names, test.images, test.masks, strict=True):
+            x = np.load(data / name)  # its loader: transpose to C x H x W, divide by 255
+            np.testing.assert_allclose(x.transpose(2, 0, 1) / 255.0, img.numpy(), atol=1e-6)
+            np.testing.assert_array_equal(
+                np.load(data / name.replace("/image/", "/mask/")), mask.numpy() > 0
+            )
+        train = list((data / f"polyp/Site{k + 1}/train/image").glob("*.npy"))
+        assert sorted(f.stem for f in train) == sorted(fed.ids(site.name, "train"))
+        masks = test.masks.numpy().astype(np.uint8)
+        # round 1 its best by test Jaccard, round 2 (the last) all background
+        for r, (p, jac) in enumerate([(masks, 0.7), (np.zeros_like(masks), 0.2)]):
+            np.savez_compressed(cap / f"site{k}_round{r:04d}.npz", names=np.array(names), preds=p,
+                                jaccard=np.float64(jac))  # fmt: skip
+    last, best, chosen = pflseg.read_captures(cap, data, 2)
+    assert chosen == 0
+    cfg = common.arm_config("p", {"name": "feddp"}, root, labels="full", seed=0, train={})
+    res = common.write_selections(
+        tmp_path / "run", root, last, best, cfg, {"repository": "r"}, rule="best", measured={}
+    )
+    assert res["average"]["dsc"] == {"polyp": 0.0}
+    best_res = json.loads((tmp_path / "run" / common.BEST / "results.json").read_text())
+    assert best_res["average"]["dsc"] == {"polyp": 1.0}
