@@ -380,13 +380,13 @@ def predict(
         str | None,
         typer.Option(help="LOW,HIGH in HU: volumes scaled as the import's --ct-window did."),
     ] = None,
-) -> None:
-    """Segment new images with a site's model: PNG masks (label values) for images, NIfTI
-    masks with the input's header for volumes, DICOM-SEGs for DICOM series (--format
     spacing: Annotated[
         str | None,
         typer.Option(help="mm, as the import's --spacing: volumes resampled, masks back."),
     ] = None,
+) -> None:
+    """Segment new images with a site's model: PNG masks (label values) for images, NIfTI
+    masks with the input's header for volumes, DICOM-SEGs for DICOM series (--format
     dicom-seg); see docs/predict.md."""
     from fedseg.engine.device import resolve_device
     from fedseg.errors import ConfigError
