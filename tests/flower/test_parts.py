@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -177,6 +178,23 @@ def test_split_federation_gives_each_site_only_its_own_data(federation: Path, tm
         check_site_folder(folders["B"], "A")
     with pytest.raises(DataError, match="exists"):
         split_federation(federation, tmp_path / "out")
+
+
+def test_split_federation_keeps_only_the_sites_own_series_hashes(
+    federation: Path, tmp_path: Path
+):
+    """A DICOM import's manifest lists each site's hashed series: a site's folder must not
+    carry the other sites' (they would tell it what the others hold)."""
+
+    root = tmp_path / "fed"
+    shutil.copytree(federation, root)
+    manifest = root / "manifest.json"
+    raw = json.loads(manifest.read_text())
+    raw["series"] = {"A": ["a" * 64], "B": ["b" * 64]}
+    manifest.write_text(json.dumps(raw))
+    folders = split_federation(root, tmp_path / "out")
+    assert FederatedDataset.open(folders["B"]).manifest.series == {"B": ["b" * 64]}
+    assert FederatedDataset.open(folders["A"]).manifest.series == {"A": ["a" * 64]}
 
 
 def test_certificates_chain_to_the_ca_and_node_keys_load(tmp_path: Path):

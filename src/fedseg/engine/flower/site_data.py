@@ -33,7 +33,10 @@ def split_federation(root: Path, out: Path, sites: list[str] | None = None) -> d
         if weak is not None:
             kept = {k: v for k, v in weak.annotations.items() if k == name}
             weak = weak.model_copy(update={"annotations": kept})
-        write_manifest(dest, m.model_copy(update={"sites": [info], "weak_labels": weak}))
+        series = {k: v for k, v in m.series.items() if k == name}  # no other site's series
+        write_manifest(
+            dest, m.model_copy(update={"sites": [info], "weak_labels": weak, "series": series})
+        )
         folders[name] = dest
     return folders
 
