@@ -35,9 +35,9 @@ def handled() -> Iterator[None]:
 
 
 @contextmanager
-def progress(what: str) -> Iterator[Callable[[int, int], None]]:
-    """A progress bar on stderr (gone when done; drawn only on a terminal); yields
-    ``update(done, total)``."""
+def progress(what: str, total: int | None = None) -> Iterator[Callable[..., None]]:
+    """A progress bar on stderr (gone when done; drawn only on a terminal) out of ``total``
+    (unknown: ``None``); yields ``update(done, total=None)`` (a ``total`` replaces it)."""
     with Progress(
         TextColumn(f"[bold]{escape(what)}"),
         BarColumn(),
@@ -46,5 +46,5 @@ def progress(what: str) -> Iterator[Callable[[int, int], None]]:
         console=err,
         transient=True,
     ) as bar:
-        task = bar.add_task(what, total=None)
-        yield lambda done, total: bar.update(task, completed=done, total=total)
+        task = bar.add_task(what, total=total)
+        yield lambda done, total=None: bar.update(task, completed=done, total=total)

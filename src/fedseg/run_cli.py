@@ -8,11 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from rich.logging import RichHandler
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from fedseg.config import RunConfig
-from fedseg.console import console, err
+from fedseg.console import console, err, progress
 from fedseg.errors import FedsegError
 
 __all__ = ["print_results", "results_table", "train"]
@@ -71,18 +70,9 @@ def train(
         if not resume:
             rd.prepare_new(overwrite)
         _logging(run_dir, verbose, quiet)
-        with Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=err,
-            transient=True,
-        ) as bar:
-            task = bar.add_task(f"{label or cfg.method_name} rounds", total=cfg.train.rounds)
+        with progress(f"{label or cfg.method_name} rounds", cfg.train.rounds) as update:
             results = InProcessRunner(cfg, run_dir).run(
-                resume=resume,
-                on_round=lambda rec: bar.update(task, completed=rec["round"] + 1),
+                resume=resume, on_round=lambda rec: update(rec["round"] + 1)
             )
         write_run_outputs(run_dir, results)
         if cfg.eval.save_models:
