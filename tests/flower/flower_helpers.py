@@ -14,12 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 from flwr.app import Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
 
 from fedseg.config import RunConfig, parse_config
 from fedseg.engine.flower.link import Reply
 from fedseg.engine.flower.records import content, read_meta
+from fedseg.engine.flower.server_app import GridLink
 from fedseg.engine.flower.settings import FlowerSettings, SiteConfig, run_config
 from fedseg.engine.flower.site import handle_evaluate, handle_hello, handle_train
 from fedseg.errors import FedsegError
@@ -133,6 +135,20 @@ class Node:
     hello: dict[str, Any] = field(default_factory=dict)
     """Fields of its hello that differ from :func:`hello_of`'s (None: left out)."""
     public_key: bytes = b""
+
+
+def set_task_identity(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Give messages the run and task ids that Flower sets in a ServerApp's process."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for attr, value in (("_run_id", 1), ("_task_id", 1), ("_node_id", 0)):
+        monkeypatch.setattr(TaskIdentity, attr, value)
+
+
+def grid_link(*nodes: Node) -> tuple[GridLink, FakeGrid]:
+    """The ServerApp's link over a :class:`FakeGrid` of ``nodes`` (no polling delay)."""
+    grid = FakeGrid(nodes)
+    return GridLink(grid, poll_interval=0.0), grid  # type: ignore[arg-type]
 
 
 class FakeGrid:

@@ -3,31 +3,21 @@
 from __future__ import annotations
 
 import pytest
-from flower_helpers import FakeGrid, Node
+from flower_helpers import Node, grid_link, set_task_identity
 
 from fedseg.engine.flower import server_app
 from fedseg.engine.flower.records import content, read_meta
-from fedseg.engine.flower.server_app import GridLink
 
 pytestmark = pytest.mark.flower
 
 
 @pytest.fixture(autouse=True)
 def _task_identity(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Messages take their run and task ids from the process (set by Flower in a ServerApp)."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    for attr, value in (("_run_id", 1), ("_task_id", 1), ("_node_id", 0)):
-        monkeypatch.setattr(TaskIdentity, attr, value)
-
-
-def _link(*nodes: Node) -> tuple[GridLink, FakeGrid]:
-    grid = FakeGrid(nodes)
-    return GridLink(grid, poll_interval=0.0), grid  # type: ignore[arg-type]
+    set_task_identity(monkeypatch)
 
 
 def test_nodes_are_mapped_to_the_sites_they_introduce():
-    link, _ = _link(Node(1, "A"), Node(2, "B"))
+    link, _ = grid_link(Node(1, "A"), Node(2, "B"))
     assert sorted(link.announce("run")) == ["A", "B"]
     assert link.site_node == {"A": 1, "B": 2}
     replies = link.exchange("train", {"A": content({"x": 1}), "B": content({"x": 2})}, 5)
@@ -35,13 +25,13 @@ def test_nodes_are_mapped_to_the_sites_they_introduce():
 
 
 def test_a_node_claiming_another_registered_name_is_banned():
-    link, _ = _link(Node(1, "A", name="A"), Node(2, "A", name="C"))
+    link, _ = grid_link(Node(1, "A", name="A"), Node(2, "A", name="C"))
     assert link.announce("run").keys() == {"A"}
     assert link.site_node == {"A": 1} and link.banned == {2}
 
 
 def test_errors_timeouts_and_unknown_sites_become_reasons(monkeypatch: pytest.MonkeyPatch):
-    link, grid = _link(Node(1, "A"), Node(2, "broken"), Node(3, "C"))
+    link, grid = grid_link(Node(1, "A"), Node(2, "broken"), Node(3, "C"))
     link.announce("run")
     grid.nodes[3].answers = False
     bodies = {s: content({}) for s in ("A", "broken", "C", "D")}
@@ -54,7 +44,7 @@ def test_errors_timeouts_and_unknown_sites_become_reasons(monkeypatch: pytest.Mo
 
 def test_a_restarted_site_takes_over_once_its_dead_node_is_offline(monkeypatch):
     monkeypatch.setattr(server_app, "LIVENESS_CHECK", 0.0)
-    link, grid = _link(Node(1, "A"), Node(2, "B"))
+    link, grid = grid_link(Node(1, "A"), Node(2, "B"))
     link.announce("run")
     grid.nodes[2].answers = False  # B crashed: its node stays listed (heartbeat not expired)
     grid.nodes[3] = Node(3, "B")  # B restarted as a new node: refused while node 2 is online
@@ -69,7 +59,7 @@ def test_a_restarted_site_takes_over_once_its_dead_node_is_offline(monkeypatch):
 
 def test_offline_nodes_are_forgotten(monkeypatch):
     monkeypatch.setattr(server_app, "LIVENESS_CHECK", 0.0)
-    link, grid = _link(Node(1, "A"), Node(2, "B"))
+    link, grid = grid_link(Node(1, "A"), Node(2, "B"))
     link.announce("run")
     grid.nodes[2].online = False
     replies = link.exchange("train", {"A": content({}), "B": content({})}, timeout=60)

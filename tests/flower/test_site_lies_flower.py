@@ -9,12 +9,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flower_helpers import FakeGrid, Node, direct_link, hello_of, make_config
+from flower_helpers import (
+    Node,
+    direct_link,
+    grid_link,
+    hello_of,
+    make_config,
+    set_task_identity,
+)
 
 from fedseg.engine.flower import server_app
 from fedseg.engine.flower.link import run_federation
 from fedseg.engine.flower.records import content, read_meta, read_payload
-from fedseg.engine.flower.server_app import GridLink
 from fedseg.engine.server import build_spec
 from fedseg.errors import ConfigError, FedsegError, UploadError
 from fedseg.methods import Payload
@@ -41,22 +47,13 @@ FORGED = [
 
 @pytest.fixture(autouse=True)
 def _task_identity(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Messages take their run and task ids from the process (set by Flower in a ServerApp)."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    for attr, value in (("_run_id", 1), ("_task_id", 1), ("_node_id", 0)):
-        monkeypatch.setattr(TaskIdentity, attr, value)
-
-
-def _link(*nodes: Node) -> tuple[GridLink, FakeGrid]:
-    grid = FakeGrid(nodes)
-    return GridLink(grid, poll_interval=0.0), grid  # type: ignore[arg-type]
+    set_task_identity(monkeypatch)
 
 
 # -- forged hellos ---------------------------------------------------------------------------
 @pytest.mark.parametrize(("field", "value"), FORGED)
 def test_a_forged_hello_refuses_that_node_only(field: str, value: Any, caplog):
-    link, _ = _link(Node(1, "A"), Node(2, "B", hello={field: value}))
+    link, _ = grid_link(Node(1, "A"), Node(2, "B", hello={field: value}))
     with caplog.at_level(logging.WARNING):
         assert link.announce("run").keys() == {"A"}
     assert link.banned == {2}
@@ -64,7 +61,7 @@ def test_a_forged_hello_refuses_that_node_only(field: str, value: Any, caplog):
 
 
 def test_a_hello_without_a_field_is_refused():
-    link, grid = _link(Node(1, "A"), Node(2, "B"))
+    link, grid = grid_link(Node(1, "A"), Node(2, "B"))
     grid.nodes[2].hello = {"ndim": None}
     assert link.announce("run").keys() == {"A"}
 
@@ -92,7 +89,7 @@ def test_a_forged_hello_over_the_direct_link_is_a_clear_refusal(
 
 # -- takeover --------------------------------------------------------------------------------
 def test_a_second_node_for_a_live_site_is_refused():
-    link, grid = _link(Node(1, "A"), Node(2, "B"))
+    link, grid = grid_link(Node(1, "A"), Node(2, "B"))
     link.announce("run")
     grid.nodes[9] = Node(9, "A")  # claims A while A's node is online
     assert link.announce("run").keys() == {"A", "B"}
@@ -104,7 +101,7 @@ def test_a_second_node_for_a_live_site_is_refused():
 
 def test_with_auth_the_site_stays_bound_to_its_registered_key(monkeypatch):
     monkeypatch.setattr(server_app, "LIVENESS_CHECK", 0.0)
-    link, grid = _link(Node(1, "A", name="A", public_key=b"key-A"), Node(2, "B", name="B"))
+    link, grid = grid_link(Node(1, "A", name="A", public_key=b"key-A"), Node(2, "B", name="B"))
     link.announce("run")
     assert link.keys == {"A": b"key-A"}
     grid.nodes[1].online = False  # A disconnects
@@ -119,7 +116,7 @@ def test_with_auth_the_site_stays_bound_to_its_registered_key(monkeypatch):
 
 
 def test_without_auth_a_free_site_goes_to_the_next_node_that_describes_it_alike():
-    link, grid = _link(Node(1, "A"), Node(2, "B"))
+    link, grid = grid_link(Node(1, "A"), Node(2, "B"))
     link.announce("run")
     grid.nodes[1].online = False
     grid.nodes[8] = Node(8, "A", hello={"num-train": 11})  # another description: refused
