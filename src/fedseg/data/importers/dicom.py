@@ -15,7 +15,6 @@ manifest's ``series`` record are SHA-256 hashes of the SeriesInstanceUIDs.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -43,7 +42,7 @@ from fedseg.data.importers.dicom_series import (
     series_hash,
     to_ras,
 )
-from fedseg.data.importers.nifti import NiftiImport, case_samples
+from fedseg.data.importers.nifti import NiftiImport, case_samples, check_volume_options
 from fedseg.data.manifest import Annotation
 from fedseg.data.resample import resample_image, resample_mask
 from fedseg.data.writer import FederationWriter
@@ -129,20 +128,7 @@ def import_dicom(
     ``shape``, ``axis``, ``fit`` and ``drop_empty`` are those of ``import_nifti``. Image series
     without a mask are skipped and counted.
     """
-    ndim = {"2d": 2, "3d": 3}.get(mode)
-    fit = fit or ("crop" if spacing is not None else "resize")
-    if ndim is None or len(shape) != ndim or axis not in (0, 1, 2) or fit not in ("resize", "crop"):
-        raise DataError(
-            f"need mode 2d with a (H, W) shape or 3d with a (D, H, W) shape, axis in 0..2 and "
-            f"fit resize|crop; got mode={mode!r}, shape={tuple(shape)}, axis={axis}, fit={fit!r}"
-        )
-    if spacing is not None and (
-        len(spacing) != ndim or fit != "crop" or not all(0 < v < math.inf for v in spacing)
-    ):
-        raise DataError(
-            f"--spacing needs {ndim} positive values in mm in {mode} mode and --fit crop; got "
-            f"spacing {tuple(spacing)}, fit {fit!r}"
-        )
+    ndim, fit = check_volume_options(mode, shape, axis, fit, spacing)
     check_window(ct_window, "--ct-window")
     src = Path(src)
     by_name = _class_lookup(class_names, segments or {}, rois or {})

@@ -167,7 +167,7 @@ def check_volume_options(
     axis: int,
     fit: str | None,
     spacing: Sequence[float] | None,
-    interpolation: str,
+    interpolation: str = "linear",
 ) -> tuple[int, Literal["resize", "crop"]]:
     """``(ndim, fit)`` of a volume import; ``fit`` defaults to ``crop`` with ``spacing``.
 
