@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.table import Table
@@ -17,6 +18,8 @@ if TYPE_CHECKING:
     from fedseg.data.importers.nifti import NiftiImport
 
 __all__ = ["app"]
+
+R = TypeVar("R", bound="NiftiImport")
 
 app = typer.Typer(
     help="Create (synth), import, weakly annotate, check and preview federation folders.",
@@ -47,6 +50,46 @@ Classes = Annotated[
 ]
 Task = Annotated[str, typer.Option(help="Task name written into the manifest.")]
 Modality = Annotated[str, typer.Option(help="Modality written into the manifest.")]
+
+
+def _import_volumes(
+    what: str,
+    importer: Callable[..., R],
+    source: Path | list[Path],
+    out: Path,
+    *,
+    mode: str,
+    shape: str,
+    fit: str | None,
+    keep_empty: bool,
+    ct_window: str | None,
+    spacing: str | None,
+    annotation: list[str] | None,
+    **options: Any,
+) -> R:
+    """Run a volume ``importer`` on ``source`` under a progress bar labelled ``what``, with the
+    CLI's shape, fit, window, spacing and annotation options parsed; print its summary."""
+    with handled():
+        n = 2 if mode == "2d" else 3
+        parsed = {
+            "shape": _sizes(shape, n, "--shape"),
+            "ct_window": _window(ct_window),
+            "spacing": _spacing(spacing, n),
+            "annotations": _assignments(annotation, "--annotation"),
+        }
+        with _progress(what) as progress:
+            result = importer(
+                source,
+                out,
+                mode=mode,
+                fit=fit,
+                drop_empty=not keep_empty,
+                progress=progress,
+                **parsed,
+                **options,
+            )
+    _volume_summary(out, result)
+    return result
 
 
 def _volume_summary(out: Path, result: NiftiImport) -> None:
@@ -139,6 +182,10 @@ CtWindow = Annotated[
         help="LOW,HIGH in HU: clip CT to the window, scale to [0, 1] (--ct-window=-160,240)."
     ),
 ]
+VolumeMode = Annotated[str, typer.Option(help="2d (slices) or 3d (volumes).")]
+VolumeShape = Annotated[str, typer.Option(help="2d: S or H,W; 3d: D,H,W.")]
+SliceAxis = Annotated[int, typer.Option(help="Slice/depth axis after RAS reorientation.")]
+KeepEmpty = Annotated[bool, typer.Option(help="2d: keep slices with empty masks.")]
 
 
 def _sizes(text: str, n: int, what: str) -> tuple[int, ...]:
@@ -425,11 +472,11 @@ def import_nifti_cmd(
     src: Annotated[Path, typer.Argument(help="Folder with one sub-folder per site.")],
     out: Annotated[Path, typer.Argument(help="Output federation folder.")],
     classes: Classes,
-    mode: Annotated[str, typer.Option(help="2d (slices) or 3d (volumes).")] = "2d",
-    shape: Annotated[str, typer.Option(help="2d: S or H,W; 3d: D,H,W.")] = "256",
-    axis: Annotated[int, typer.Option(help="Slice/depth axis after RAS reorientation.")] = 2,
+    mode: VolumeMode = "2d",
+    shape: VolumeShape = "256",
+    axis: SliceAxis = 2,
     fit: VolumeFit = None,
-    keep_empty: Annotated[bool, typer.Option(help="2d: keep slices with empty masks.")] = False,
+    keep_empty: KeepEmpty = False,
     mapping: Annotated[
         str | None, typer.Option(help="Label value -> class, e.g. 0=0,255=1.")
     ] = None,
@@ -456,35 +503,33 @@ def import_nifti_cmd(
     from fedseg.data.importers.common import parse_levels
 
     with handled():
-        n = 2 if mode == "2d" else 3
-        dims = _sizes(shape, n, "--shape")
-        with _progress("importing volumes") as progress:
-            result = import_nifti(
-                src,
-                out,
-                class_names=classes.split(","),
-                mode=mode,  # type: ignore[arg-type]
-                shape=dims,
-                axis=axis,
-                fit=fit,  # type: ignore[arg-type]
-                drop_empty=not keep_empty,
-                mapping=parse_levels(mapping) if mapping else None,
-                images_dir=images_dir,
-                masks_dir=masks_dir,
-                mask_suffix=mask_suffix,
-                test_fraction=test_fraction,
-                val_fraction=val_fraction,
-                seed=seed,
-                task=task,
-                modality=modality,
-                ct_window=_window(ct_window),
-                spacing=_spacing(spacing, n),
-                interpolation=interpolation,  # type: ignore[arg-type]
-                annotations=_assignments(annotation, "--annotation"),
-                overwrite=overwrite,
-                progress=progress,
-            )
-    _volume_summary(out, result)
+        levels = parse_levels(mapping) if mapping else None
+    _import_volumes(
+        "importing volumes",
+        import_nifti,
+        src,
+        out,
+        class_names=classes.split(","),
+        mode=mode,
+        shape=shape,
+        axis=axis,
+        fit=fit,
+        keep_empty=keep_empty,
+        mapping=levels,
+        images_dir=images_dir,
+        masks_dir=masks_dir,
+        mask_suffix=mask_suffix,
+        test_fraction=test_fraction,
+        val_fraction=val_fraction,
+        seed=seed,
+        task=task,
+        modality=modality,
+        ct_window=ct_window,
+        spacing=spacing,
+        interpolation=interpolation,
+        annotation=annotation,
+        overwrite=overwrite,
+    )
 
 
 @app.command("import-nnunet")
@@ -493,11 +538,11 @@ def import_nnunet_cmd(
         list[Path], typer.Argument(help="nnU-Net v2 or MSD dataset folders (with dataset.json).")
     ],
     out: Annotated[Path, typer.Option(help="Output federation folder.")],
-    mode: Annotated[str, typer.Option(help="2d (slices) or 3d (volumes).")] = "2d",
-    shape: Annotated[str, typer.Option(help="2d: S or H,W; 3d: D,H,W.")] = "256",
-    axis: Annotated[int, typer.Option(help="Slice/depth axis after RAS reorientation.")] = 2,
+    mode: VolumeMode = "2d",
+    shape: VolumeShape = "256",
+    axis: SliceAxis = 2,
     fit: VolumeFit = None,
-    keep_empty: Annotated[bool, typer.Option(help="2d: keep slices with empty masks.")] = False,
+    keep_empty: KeepEmpty = False,
     normalize: Annotated[
         str, typer.Option(help="Per-channel, per-case: minmax ([0, 1]), zscore or none.")
     ] = "minmax",
@@ -520,34 +565,29 @@ def import_nnunet_cmd(
     """Import nnU-Net v2 raw datasets / MSD tasks (one site per dataset, CSV or regex)."""
     from fedseg.data.importers.nnunet import import_nnunet
 
-    with handled():
-        n = 2 if mode == "2d" else 3
-        dims = _sizes(shape, n, "--shape")
-        window = _window(ct_window)
-        with _progress("importing datasets") as progress:
-            result = import_nnunet(
-                sources,
-                out,
-                mode=mode,  # type: ignore[arg-type]
-                shape=dims,
-                axis=axis,
-                fit=fit,  # type: ignore[arg-type]
-                drop_empty=not keep_empty,
-                normalization=normalize,  # type: ignore[arg-type]
-                ct_window=window,
-                spacing=_spacing(spacing, n),
-                interpolation=interpolation,  # type: ignore[arg-type]
-                site_csv=site_csv,
-                site_regex=site_regex,
-                test_fraction=test_fraction,
-                val_fraction=val_fraction,
-                seed=seed,
-                task=task,
-                annotations=_assignments(annotation, "--annotation"),
-                overwrite=overwrite,
-                progress=progress,
-            )
-    _volume_summary(out, result)
+    _import_volumes(
+        "importing datasets",
+        import_nnunet,
+        sources,
+        out,
+        mode=mode,
+        shape=shape,
+        axis=axis,
+        fit=fit,
+        keep_empty=keep_empty,
+        normalization=normalize,
+        ct_window=ct_window,
+        spacing=spacing,
+        interpolation=interpolation,
+        site_csv=site_csv,
+        site_regex=site_regex,
+        test_fraction=test_fraction,
+        val_fraction=val_fraction,
+        seed=seed,
+        task=task,
+        annotation=annotation,
+        overwrite=overwrite,
+    )
 
 
 @app.command("import-dicom")
@@ -569,21 +609,13 @@ def import_dicom_cmd(
         str | None,
         typer.Option(help="DICOM attribute naming each series' site, e.g. InstitutionName."),
     ] = None,
-    mode: Annotated[str, typer.Option(help="2d (slices) or 3d (volumes).")] = "2d",
-    shape: Annotated[str, typer.Option(help="2d: S or H,W; 3d: D,H,W.")] = "256",
-    axis: Annotated[int, typer.Option(help="Slice/depth axis after RAS reorientation.")] = 2,
-    fit: Annotated[
-        str | None,
-        typer.Option(
-            help="resize, or crop (centre crop/pad); default resize, crop with --spacing."
-        ),
-    ] = None,
-    keep_empty: Annotated[bool, typer.Option(help="2d: keep slices with empty masks.")] = False,
+    mode: VolumeMode = "2d",
+    shape: VolumeShape = "256",
+    axis: SliceAxis = 2,
+    fit: VolumeFit = None,
+    keep_empty: KeepEmpty = False,
     ct_window: CtWindow = None,
-    spacing: Annotated[
-        str | None,
-        typer.Option(help="Resample to this spacing in mm: 2d H,W; 3d D,H,W (one value: all)."),
-    ] = None,
+    spacing: VoxelSpacing = None,
     test_fraction: Annotated[
         float, typer.Option(help="Share of each site's series as test.")
     ] = 0.2,
@@ -597,32 +629,29 @@ def import_dicom_cmd(
     with handled():
         from fedseg.data.importers.dicom import import_dicom
 
-        n = 2 if mode == "2d" else 3
-        dims = _sizes(shape, n, "--shape")
-        voxel = None if spacing is None else _floats(spacing, "--spacing")
-        with _progress("importing DICOM series") as progress:
-            result = import_dicom(
-                src,
-                out,
-                class_names=classes.split(","),
-                mode=mode,  # type: ignore[arg-type]
-                shape=dims,
-                axis=axis,
-                fit=fit,  # type: ignore[arg-type]
-                drop_empty=not keep_empty,
-                site_tag=site_tag,
-                segments=_assignments(segment, "--segment"),
-                rois=_assignments(roi, "--roi"),
-                ct_window=_window(ct_window),
-                spacing=voxel * n if voxel is not None and len(voxel) == 1 else voxel,
-                test_fraction=test_fraction,
-                val_fraction=val_fraction,
-                seed=seed,
-                task=task,
-                annotations=_assignments(annotation, "--annotation"),
-                overwrite=overwrite,
-                progress=progress,
-            )
-    _volume_summary(out, result)
+        segments, rois = _assignments(segment, "--segment"), _assignments(roi, "--roi")
+    result = _import_volumes(
+        "importing DICOM series",
+        import_dicom,
+        src,
+        out,
+        class_names=classes.split(","),
+        mode=mode,
+        shape=shape,
+        axis=axis,
+        fit=fit,
+        keep_empty=keep_empty,
+        site_tag=site_tag,
+        segments=segments,
+        rois=rois,
+        ct_window=ct_window,
+        spacing=spacing,
+        test_fraction=test_fraction,
+        val_fraction=val_fraction,
+        seed=seed,
+        task=task,
+        annotation=annotation,
+        overwrite=overwrite,
+    )
     if result.unlabelled_series:
         console.print(f"skipped {result.unlabelled_series} image series without a mask")
