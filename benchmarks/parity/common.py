@@ -13,9 +13,12 @@ writing a fedseg-style run folder (``config.yaml``, ``results.json``, ``cases.cs
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import shutil
 import subprocess
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +55,57 @@ class Code:
     def mirror(self) -> Path:
         """Default git directory of a snapshot (the ``fetch`` tool's layout)."""
         return MIRRORS / self.repository.replace("/", "+") / "repo"
+
+
+def parity_parser(doc: str, code: Code, venv: str, script: str) -> argparse.ArgumentParser:
+    """The options every driver takes (run its ``code`` with ``runs/parity/<venv>``'s Python,
+    ``script`` named in the help of the extra arguments); a driver adds its own."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--data", type=Path, required=True, help="a fedseg federation folder")
+    ap.add_argument("--out", type=Path, required=True, help="the parity run folder to write")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rounds", type=int, required=True)
+    ap.add_argument("--like", type=Path, help="the fedseg run (or config) it is compared with")
+    ap.add_argument("--git-dir", type=Path, default=code.mirror)
+    ap.add_argument("--python", default=str(RUNS / venv / "bin" / "python"))
+    ap.add_argument("--work", type=Path, help="scratch folder (default runs/parity/work/...)")
+    ap.add_argument("--timeout", type=float, default=86400.0, help="seconds for the run")
+    ap.add_argument("extra", nargs="*", help=f"after --: more arguments for {script}")
+    return ap
+
+
+def parity_env(shim: str, **extra: str) -> dict[str, str]:
+    """The environment of a run: ``shims/<shim>`` and ``shims/`` first on the path, one thread,
+    no warnings, and ``extra``."""
+    return dict(
+        os.environ,
+        PYTHONPATH=f"{SHIMS / shim}{os.pathsep}{SHIMS}",
+        **extra,
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        PYTHONWARNINGS="ignore",
+    )
+
+
+def run_logged(
+    cmd: list[str], cwd: Path, env: Mapping[str, str], log: Path, timeout: float
+) -> float:
+    """Run ``cmd`` (``[python, script, ...]``) in ``cwd``, its output into ``log``; return its
+    wall time in seconds, or exit naming the log when it fails."""
+    t0 = time.perf_counter()
+    with log.open("wb") as out:
+        rc = subprocess.run(
+            cmd,
+            cwd=cwd,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=timeout,
+            check=False,
+        ).returncode
+    if rc != 0:
+        raise SystemExit(f"its {cmd[1]} exited with {rc}; see {log}")
+    return time.perf_counter() - t0
 
 
 def export(code: Code, git_dir: Path, dest: Path) -> Path:

@@ -22,23 +22,21 @@
 
 from __future__ import annotations
 
-import argparse
-import os
 import re
 import shutil
-import subprocess
-import time
 from pathlib import Path
 
 import cv2
 import numpy as np
 from common import (
     RUNS,
-    SHIMS,
     Code,
     arm_config,
     export,
+    parity_env,
+    parity_parser,
     read_case_map,
+    run_logged,
     write_case_map,
     write_selections,
 )
@@ -107,18 +105,8 @@ def read_captures(
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", type=Path, required=True, help="a fedseg federation folder")
-    ap.add_argument("--out", type=Path, required=True, help="the parity run folder to write")
+    ap = parity_parser(__doc__, CODE, "venv-fedbcs", "its main.py")
     ap.add_argument("--arch", choices=["fsr", "unet"], default="fsr", help="unet: without FSR")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--rounds", type=int, required=True)
-    ap.add_argument("--like", type=Path, help="the fedseg run (or config) it is compared with")
-    ap.add_argument("--git-dir", type=Path, default=CODE.mirror)
-    ap.add_argument("--python", default=str(RUNS / "venv-fedbcs" / "bin" / "python"))
-    ap.add_argument("--work", type=Path, help="scratch folder (default runs/parity/work/...)")
-    ap.add_argument("--timeout", type=float, default=86400.0, help="seconds for the run")
-    ap.add_argument("extra", nargs="*", help="after --: more arguments for its main.py")
     args = ap.parse_args()
     method = {"name": "fedbcs", "fsr": args.arch == "fsr"}
     train = {"rounds": args.rounds, "local_epochs": 1, "batch_size": 6, "lr": 0.01}
@@ -137,14 +125,10 @@ def main() -> None:
     fed = FederatedDataset.open(args.data)
     capture = work / "capture"
     shutil.rmtree(capture, ignore_errors=True)
-    env = dict(
-        os.environ,
-        PYTHONPATH=f"{SHIMS / 'fedbcs'}{os.pathsep}{SHIMS}",
+    env = parity_env(
+        "fedbcs",
         FEDSEG_PARITY_CAPTURE=str(capture.resolve()),
         FEDSEG_PARITY_SIZE=str(fed.manifest.spatial_shape[0]),
-        OMP_NUM_THREADS="1",
-        MKL_NUM_THREADS="1",
-        PYTHONWARNINGS="ignore",
     )
     cmd = [
         "--description", "parity", "--model", "fedbcs", "--arch", args.arch,
@@ -152,20 +136,7 @@ def main() -> None:
         "--communication_epoch", str(args.rounds), "--local_epoch", "1",
         "--seed", str(args.seed), "--device_id", "0", *args.extra,
     ]  # fmt: skip
-    t0 = time.perf_counter()
-    with (work / "main.out").open("wb") as log:
-        rc = subprocess.run(
-            [args.python, "main.py", *cmd],
-            cwd=code,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            timeout=args.timeout,
-            check=False,
-        ).returncode
-    if rc != 0:
-        raise SystemExit(f"its main.py exited with {rc}; see {work / 'main.out'}")
-    wall = time.perf_counter() - t0
+    wall = run_logged([args.python, "main.py", *cmd], code, env, work / "main.out", args.timeout)
     last, best, chosen = read_captures(capture, code / "data", args.rounds)
     parity = {
         "repository": CODE.repository,

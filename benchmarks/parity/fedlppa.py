@@ -20,8 +20,6 @@
 
 from __future__ import annotations
 
-import argparse
-import os
 import re
 import shutil
 import sys
@@ -44,10 +42,11 @@ from authors_toy import (
 )
 from common import (
     RUNS,
-    SHIMS,
     Code,
     arm_config,
     export,
+    parity_env,
+    parity_parser,
     read_case_map,
     write_case_map,
     write_selections,
@@ -152,22 +151,12 @@ def read_captures(
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", type=Path, required=True, help="a fedseg federation folder")
-    ap.add_argument("--out", type=Path, required=True, help="the parity run folder to write")
+    ap = parity_parser(__doc__, CODE, "venv-fedlppa", "their script")
     ap.add_argument("--strategy", choices=sorted(STRATEGIES), required=True)
     ap.add_argument("--labels", choices=["weak", "full"], default="weak")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--rounds", type=int, required=True)
     ap.add_argument("--iters", type=int, default=10, help="local iterations per round")
     ap.add_argument("--batch", type=int, default=12)
     ap.add_argument("--lr", type=float, default=0.01)
-    ap.add_argument("--like", type=Path, help="the fedseg run (or config) it is compared with")
-    ap.add_argument("--git-dir", type=Path, default=CODE.mirror)
-    ap.add_argument("--python", default=str(RUNS / "venv-fedlppa" / "bin" / "python"))
-    ap.add_argument("--work", type=Path, help="scratch folder (default runs/parity/work/...)")
-    ap.add_argument("--timeout", type=float, default=86400.0, help="seconds for the run")
-    ap.add_argument("extra", nargs="*", help="after --: more arguments for their script")
     args = ap.parse_args()
     method, model, method_args = STRATEGIES[args.strategy]
     train = {"rounds": args.rounds, "local_iters": args.iters, "batch_size": args.batch}
@@ -190,15 +179,11 @@ def main() -> None:
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir(parents=True)
     port = _free_port()
-    env = dict(
-        os.environ,
-        PYTHONPATH=f"{SHIMS / 'fedlppa'}{os.pathsep}{SHIMS}",
+    env = parity_env(
+        "fedlppa",
         FEDSEG_PARITY_CAPTURE=str(capture),
-        OMP_NUM_THREADS="1",
-        MKL_NUM_THREADS="1",
         MPLBACKEND="Agg",
         GRPC_ENABLE_FORK_SUPPORT="0",
-        PYTHONWARNINGS="ignore",
     )
     exp = f"parity/{args.strategy}-s{args.seed}"
     their_args = [

@@ -21,22 +21,21 @@
 
 from __future__ import annotations
 
-import argparse
-import os
 import re
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import numpy as np
 from common import (
     RUNS,
-    SHIMS,
     Code,
     arm_config,
     export,
+    parity_env,
+    parity_parser,
     read_case_map,
+    run_logged,
     write_case_map,
     write_selections,
 )
@@ -107,20 +106,10 @@ def read_captures(
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", type=Path, required=True, help="a fedseg federation folder")
-    ap.add_argument("--out", type=Path, required=True, help="the parity run folder to write")
+    ap = parity_parser(__doc__, CODE, "venv-pflseg", "train_fed.py")
     ap.add_argument("--fl", choices=sorted(FL), required=True)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--rounds", type=int, required=True)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--batch", type=int, default=8, help="its --batch_size (default 8)")
-    ap.add_argument("--like", type=Path, help="the fedseg run (or config) it is compared with")
-    ap.add_argument("--git-dir", type=Path, default=CODE.mirror)
-    ap.add_argument("--python", default=str(RUNS / "venv-pflseg" / "bin" / "python"))
-    ap.add_argument("--work", type=Path, help="scratch folder (default runs/parity/work/...)")
-    ap.add_argument("--timeout", type=float, default=86400.0, help="seconds for the run")
-    ap.add_argument("extra", nargs="*", help="after --: more arguments for train_fed.py")
     args = ap.parse_args()
     cfg = arm_config(
         f"parity-pflseg-{args.fl}",
@@ -136,15 +125,7 @@ def main() -> None:
     data, capture = (work / "data").resolve(), (work / "capture").resolve()
     write_layout(args.data, data)
     shutil.rmtree(capture, ignore_errors=True)
-    env = dict(
-        os.environ,
-        PYTHONPATH=f"{SHIMS / 'pflseg'}{os.pathsep}{SHIMS}",
-        FEDSEG_PARITY_DATA=str(data),
-        FEDSEG_PARITY_CAPTURE=str(capture),
-        OMP_NUM_THREADS="1",
-        MKL_NUM_THREADS="1",
-        PYTHONWARNINGS="ignore",
-    )
+    env = parity_env("pflseg", FEDSEG_PARITY_DATA=str(data), FEDSEG_PARITY_CAPTURE=str(capture))
     (code / "weights").mkdir(exist_ok=True)
     weights = (
         f"import torch; torch.manual_seed({args.seed}); from networks.FPN.pvtv2 import pvt_v2_b0; "
@@ -158,20 +139,8 @@ def main() -> None:
         "--batch_size", str(args.batch),
         "--gpu", "0", *args.extra,
     ]  # fmt: skip
-    t0 = time.perf_counter()
-    with (work / "train_fed.out").open("wb") as log:
-        rc = subprocess.run(
-            [args.python, "scripts/train_fed.py", *cmd],
-            cwd=code,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            timeout=args.timeout,
-            check=False,
-        ).returncode
-    if rc != 0:
-        raise SystemExit(f"its train_fed.py exited with {rc}; see {work / 'train_fed.out'}")
-    wall = time.perf_counter() - t0
+    argv = [args.python, "scripts/train_fed.py", *cmd]
+    wall = run_logged(argv, code, env, work / "train_fed.out", args.timeout)
     last, best, chosen = read_captures(capture, data, args.rounds)
     parity = {
         "repository": CODE.repository,
