@@ -56,6 +56,16 @@ class Code:
         """Default git directory of a snapshot (the ``fetch`` tool's layout)."""
         return MIRRORS / self.repository.replace("/", "+") / "repo"
 
+    def provenance(self, script: str, arguments: list[str], **extra: Any) -> dict[str, Any]:
+        """The ``parity`` record of a run of ``script`` with ``arguments`` (and ``extra``)."""
+        return {
+            "repository": self.repository,
+            "commit": self.commit,
+            "script": script,
+            "arguments": arguments,
+            **extra,
+        }
+
 
 def parity_parser(doc: str, code: Code, venv: str, script: str) -> argparse.ArgumentParser:
     """The options every driver takes (run its ``code`` with ``runs/parity/<venv>``'s Python,
@@ -292,3 +302,31 @@ def write_selections(
         measured,
     )
     return results
+
+
+Preds = Mapping[str, Mapping[str, np.ndarray]]
+
+
+def write_round_pick(
+    args: argparse.Namespace,
+    captures: tuple[Preds, Preds, int],
+    config: dict[str, Any],
+    parity: dict[str, Any],
+    rule: str,
+    wall: float,
+) -> None:
+    """:func:`write_selections` of a run of ``args.rounds`` that picks one round for all
+    sites (``captures``: last, picked, the picked round from 0), and a line saying so."""
+    last, best, chosen = captures
+    write_selections(
+        args.out,
+        args.data,
+        last,
+        best,
+        config,
+        parity,
+        rule=rule,
+        measured={"wall_s": round(wall, 1), "chosen_round": chosen + 1},
+    )
+    per_round = wall / args.rounds
+    print(f"{args.out}: {wall:.0f} s ({per_round:.1f} s/round); its pick: round {chosen + 1}")

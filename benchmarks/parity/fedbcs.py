@@ -38,7 +38,7 @@ from common import (
     read_case_map,
     run_logged,
     write_case_map,
-    write_selections,
+    write_round_pick,
 )
 
 from fedseg.data import FederatedDataset
@@ -137,25 +137,14 @@ def main() -> None:
         "--seed", str(args.seed), "--device_id", "0", *args.extra,
     ]  # fmt: skip
     wall = run_logged([args.python, "main.py", *cmd], code, env, work / "main.out", args.timeout)
-    last, best, chosen = read_captures(capture, code / "data", args.rounds)
-    parity = {
-        "repository": CODE.repository,
-        "commit": CODE.commit,
-        "script": "main.py",
-        "arguments": cmd,
-    }
-    write_selections(
-        args.out,
-        args.data,
-        last,
-        best,
+    write_round_pick(
+        args,
+        read_captures(capture, code / "data", args.rounds),
         cfg,
-        parity,
-        rule="its best round on test: the mean over domains of class-1 Dice, first of equals",
-        measured={"wall_s": round(wall, 1), "chosen_round": chosen + 1},
+        CODE.provenance("main.py", cmd),
+        "its best round on test: the mean over domains of class-1 Dice, first of equals",
+        wall,
     )
-    per_round = wall / args.rounds
-    print(f"{args.out}: {wall:.0f} s ({per_round:.1f} s/round); its pick: round {chosen + 1}")
 
 
 if __name__ == "__main__":

@@ -224,13 +224,8 @@ def main() -> None:
         capture, work / "h5", len(sup_types), args.rounds * args.iters
     )
     at = their_args.index("--server_address")
-    parity = {
-        "repository": CODE.repository,
-        "commit": CODE.commit,
-        "script": SCRIPT,
-        "arguments": their_args[their_args.index("--model") : at] + their_args[at + 2 :],
-        "sup_types": sup_types,
-    }
+    shown = their_args[their_args.index("--model") : at] + their_args[at + 2 :]
+    parity = CODE.provenance(SCRIPT, shown, sup_types=sup_types)
     write_selections(
         args.out,
         args.data,

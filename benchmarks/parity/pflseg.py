@@ -37,7 +37,7 @@ from common import (
     read_case_map,
     run_logged,
     write_case_map,
-    write_selections,
+    write_round_pick,
 )
 
 from fedseg.data import FederatedDataset
@@ -141,26 +141,15 @@ def main() -> None:
     ]  # fmt: skip
     argv = [args.python, "scripts/train_fed.py", *cmd]
     wall = run_logged(argv, code, env, work / "train_fed.out", args.timeout)
-    last, best, chosen = read_captures(capture, data, args.rounds)
-    parity = {
-        "repository": CODE.repository,
-        "commit": CODE.commit,
-        "script": "scripts/train_fed.py",
-        "arguments": cmd,
-        "initial_weights": str((work / "pvt_v2_b0.pth").resolve()),
-    }
-    write_selections(
-        args.out,
-        args.data,
-        last,
-        best,
+    initial = str((work / "pvt_v2_b0.pth").resolve())
+    write_round_pick(
+        args,
+        read_captures(capture, data, args.rounds),
         cfg,
-        parity,
-        rule="its best round on test: the first best mean over sites of its test Jaccard",
-        measured={"wall_s": round(wall, 1), "chosen_round": chosen + 1},
+        CODE.provenance("scripts/train_fed.py", cmd, initial_weights=initial),
+        "its best round on test: the first best mean over sites of its test Jaccard",
+        wall,
     )
-    per_round = wall / args.rounds
-    print(f"{args.out}: {wall:.0f} s ({per_round:.1f} s/round); its pick: round {chosen + 1}")
 
 
 if __name__ == "__main__":
