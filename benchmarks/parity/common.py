@@ -168,6 +168,19 @@ def read_case_map(layout: Path) -> dict[str, tuple[str, str]]:
     return {k: (str(v[0]), str(v[1])) for k, v in raw.items()}
 
 
+def add_predictions(
+    preds: dict[str, dict[str, np.ndarray]],
+    capture: Path,
+    case_map: Mapping[str, tuple[str, str]],
+) -> None:
+    """Add a capture file's ``preds`` to ``preds`` ``{site: {case id: label map}}``, its
+    ``names`` (the code's file names) mapped to ``[site, case id]`` by ``case_map``."""
+    with np.load(capture) as z:
+        for name, pred in zip(z["names"], z["preds"], strict=True):
+            site, case = case_map[str(name)]
+            preds.setdefault(site, {})[case] = pred
+
+
 def score(
     fed_root: Path, predictions: Mapping[str, Mapping[str, np.ndarray]]
 ) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -31,6 +31,7 @@ import numpy as np
 from common import (
     RUNS,
     Code,
+    add_predictions,
     arm_config,
     export,
     parity_env,
@@ -96,10 +97,7 @@ def read_captures(
     out = []
     for r in (rounds - 1, best):
         preds: dict[str, dict[str, np.ndarray]] = {}
-        with np.load(files[r]) as z:
-            for name, pred in zip(z["names"], z["preds"], strict=True):
-                site, case = case_map[str(name)]
-                preds.setdefault(site, {})[case] = pred
+        add_predictions(preds, files[r], case_map)
         out.append(preds)
     return out[0], out[1], best
 

@@ -43,6 +43,7 @@ from authors_toy import (
 from common import (
     RUNS,
     Code,
+    add_predictions,
     arm_config,
     export,
     parity_env,
@@ -142,10 +143,7 @@ def read_captures(
             if dice > score:
                 score, pick = dice, it
         for target, it in ((last, last_iter), (best, pick)):
-            with np.load(rounds[it]) as z:
-                for name, pred in zip(z["names"], z["preds"], strict=True):
-                    site, case = case_map[str(name)]
-                    target.setdefault(site, {})[case] = pred
+            add_predictions(target, rounds[it], case_map)
         chosen[case_map[str(np.load(rounds[pick])["names"][0])][0]] = pick
     return last, best, chosen
 

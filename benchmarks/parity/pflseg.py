@@ -30,6 +30,7 @@ import numpy as np
 from common import (
     RUNS,
     Code,
+    add_predictions,
     arm_config,
     export,
     parity_env,
@@ -97,10 +98,7 @@ def read_captures(
     for r in (rounds - 1, best):
         preds: dict[str, dict[str, np.ndarray]] = {}
         for f in files[r].values():
-            with np.load(f) as z:
-                for name, pred in zip(z["names"], z["preds"], strict=True):
-                    site, case = case_map[str(name)]
-                    preds.setdefault(site, {})[case] = pred
+            add_predictions(preds, f, case_map)
         out.append(preds)
     return out[0], out[1], best
 
