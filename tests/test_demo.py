@@ -32,11 +32,11 @@ def _cli(*args: str) -> str:
 def test_demo_compares_three_methods_and_says_what_next(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     text = _cli("demo", "--out", str(out), *(a for s in SMALL for a in ("--set", s)))
-    assert "fedseg demo: 4 synthetic fundus sites" in text and "1 rounds x 2 local" in text
+    assert "fedseg demo: 4 synthetic faz sites" in text and "1 rounds x 2 local" in text
     for k, label in enumerate(METHODS.values(), start=1):
         assert f"[{k}/3] {label}: " in text
     tables = re.findall(r"DSC \(%\) of (\w+), test cases", text)
-    assert tables == ["cup", "disc"]
+    assert tables == ["faz"]
     annotations = [
         s["annotation"] for s in json.loads((out / "data/manifest.json").read_text())["sites"]
     ]
@@ -44,8 +44,8 @@ def test_demo_compares_three_methods_and_says_what_next(tmp_path: Path) -> None:
     for method, label in METHODS.items():  # each row shows that run's own averages
         average = json.loads((out / method / "results.json").read_text())["average"]["dsc"]
         rows = [ln for ln in text.splitlines() if ln.startswith(f"│ {label} ")]
-        assert len(rows) == 2, rows
-        for row, region in zip(rows, ("cup", "disc"), strict=True):
+        assert len(rows) == 1, rows
+        for row, region in zip(rows, ("faz",), strict=True):
             assert row.split("│")[-2].strip() == f"{100 * average[region]:.2f}"
     html = out / "report" / "report.html"
     assert f"report (tables, learning curves, segmentations): {html}" in text
