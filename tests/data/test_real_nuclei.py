@@ -65,12 +65,13 @@ def test_real_nuclei_image_trains_and_scores(tmp_path: Path) -> None:
             "data": {"root": str(tmp_path / "fed"), "labels": "full"},
             "model": {"widths": [8, 16, 32], "dropout": [0, 0, 0]},
             "method": {"name": "fedavg"},
-            "train": {"rounds": 4, "local_iters": 10, "batch_size": 3, "lr": 0.01},
+            "train": {"rounds": 6, "local_iters": 10, "batch_size": 3, "lr": 0.01},
             "engine": {"device": "cpu"},
         }
     )
     res = InProcessRunner(cfg, tmp_path / "run").run()
     dsc = [res["sites"][s]["dsc"]["nuclei"] for s in res["sites"]]
     # a trained model finds the nuclei (one 128 px test tile per site, so per-site scores are
-    # noisy; the greyest tint, site s3, scored lowest when this test was written: ~0.2)
+    # noisy; the greyest tint, site s3, scored lowest when this test was written: ~0.2; 4
+    # rounds left the mean at 0.48 on an AMD EPYC, 2026-12-01, so 6 rounds)
     assert float(np.mean(dsc)) > 0.5 and min(dsc) > 0.1, dsc
