@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from rich.logging import RichHandler
-from rich.table import Table
 
 from fedseg.config import RunConfig
 from fedseg.console import console, err, progress
 from fedseg.errors import FedsegError
+from fedseg.run_table import results_table
 
-__all__ = ["print_results", "results_table", "train"]
+__all__ = ["print_results", "train"]
 
 
 def _logging(run_dir: Path, verbose: bool, quiet: bool) -> None:
@@ -78,25 +78,6 @@ def train(
         if cfg.eval.save_models:
             _save_models(run_dir)
     return results
-
-
-def results_table(results: dict[str, Any]) -> Table:
-    """DSC (%) and HD95 per site and region, as in the papers' tables."""
-    from fedseg.reporting.results import fmt
-
-    regions = list(results["average"]["dsc"])
-    table = Table(title=f"{results['method']} ({results['labels']} labels)")
-    table.add_column("site")
-    table.add_column("n", justify="right")
-    for m in ("DSC", "HD95"):
-        for r in regions:
-            table.add_column(f"{m} {r}", justify="right")
-    rows = [(s, str(results["cases"][s]), v) for s, v in results["sites"].items()]
-    rows.append(("Average", "", results["average"]))
-    for name, n, v in rows:
-        cells = [fmt(v[m][r], m) for m in ("dsc", "hd95") for r in regions]
-        table.add_row(name, n, *cells, style="bold" if name == "Average" else None)
-    return table
 
 
 def print_results(results: dict[str, Any], run_dir: Path) -> None:

@@ -60,7 +60,7 @@ def test_fedavg_via_fedseg_flower_local_equals_in_process_run(
     run = tmp_path / "run"
     out = CliRunner().invoke(flower_cli, ["local", str(config), "--out", str(run), "--split"])
     assert out.exit_code == 0, out.output
-    assert "DSC" in out.output  # results.md is printed
+    assert "DSC" in out.output  # the results table is printed
     _all_stopped(started[0])
     assert sorted(p.name for p in (run / "site-data").iterdir()) == SITES
     for s in SITES:  # one long-lived ClientApp process per site loaded everything once

@@ -33,3 +33,23 @@ def test_flwr_run_lines_shown_clean_and_logged_whole(tmp_path: Path) -> None:
         "WARNING :   site 'B' replied late",
     ]
     assert (tmp_path / "flwr-run.log").read_text().splitlines() == FLWR_LINES
+
+
+def test_results_print_as_fedseg_run_prints_them(tmp_path: Path) -> None:
+    """At the end of a Flower run the per-site table is the one ``fedseg run`` shows."""
+    import json
+
+    from fedseg.console import console
+    from fedseg.engine.flower.cli import _print_results
+    from fedseg.run_table import results_table
+
+    block = {"dsc": {"faz": 0.5}, "hd95": {"faz": 3.0}}
+    results = {"method": "fedavg", "labels": "full", "cases": {"A": 2}, "sites": {"A": block}}
+    results["average"] = block
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    with console.capture() as got:
+        _print_results(tmp_path)
+    with console.capture() as want:
+        console.print(results_table(results))
+    assert got.get().startswith(want.get()) and "50.00" in got.get()
+    assert f"run directory: {tmp_path}" in got.get()

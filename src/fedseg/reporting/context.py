@@ -20,9 +20,9 @@ import numpy as np
 from fedseg.data.federation import sample_dir
 from fedseg.data.manifest import read_manifest
 from fedseg.errors import FedsegError
-from fedseg.reporting.results import DISTANCES
 from fedseg.reporting.runs import site_facts
 from fedseg.reporting.stats import read_cases
+from fedseg.run_table import DISTANCES
 
 if TYPE_CHECKING:
     from fedseg.reporting.runs import Run

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
+
+from fedseg.run_table import fmt
 
 __all__ = ["METRIC_LABELS", "fmt", "privacy_note", "site_table"]
 
@@ -16,17 +17,6 @@ METRIC_LABELS = {
     "precision": "Precision",
     "recall": "Recall",
 }
-
-
-DISTANCES = ("hd95", "hd", "assd")
-"""Metrics in pixels or millimetres (printed as is, not as percent)."""
-
-
-def fmt(value: float, metric: str) -> str:
-    """Percent for overlap metrics, two decimals for distances."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    return f"{100 * value:.2f}" if metric not in DISTANCES else f"{value:.2f}"
 
 
 def site_table(results: dict[str, Any], metrics: tuple[str, ...] | None = None) -> str:

@@ -53,11 +53,14 @@ def _config(config: Path | None, resume: Path | None, set_: list[str] | None):
 
 
 def _print_results(run_dir: Path) -> None:
-    """The run's results.md, lines unwrapped (a piped console is 80 columns wide), and where
-    the run directory is."""
-    md = run_dir / "results.md"
-    if md.exists():
-        console.print(md.read_text(), markup=False, highlight=False, soft_wrap=True)
+    """The run's per-site table, as ``fedseg run`` prints it, and where the run directory is."""
+    import json
+
+    from fedseg.run_table import results_table
+
+    results = run_dir / "results.json"
+    if results.exists():
+        console.print(results_table(json.loads(results.read_text())))
     console.print(f"run directory: {run_dir}", highlight=False, soft_wrap=True)
 
 
