@@ -68,7 +68,7 @@ AUTHORS = Variant(
         "la_eta": 1.0,
         "la_init": "own",
         "la_schedule": "passes",
-        "la_skip_rounds": 10,
+        "la_skip_rounds": 50,
         "la_window": 10,
         "la_tol": 0.1,
         "tdf_dropout": 0.5,
@@ -153,7 +153,7 @@ class FedLPPAConfig(VariantConfig):
     a pass settles (at most ``la_max_iters`` passes)."""
     la_skip_rounds: int = Field(0, ge=0)
     """Rounds at the start in which no LA runs (the received decoders are used as they
-    are); the authors' code skips its first 50 local iterations, 10 rounds of 5."""
+    are); the authors' code skips LA while its server round ``iter_global`` is at most 50."""
     la_iters: int = Field(2, ge=0)
     """Weight-training steps per round after the first (settling) LA (``la_schedule:
     steps``)."""
