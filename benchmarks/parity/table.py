@@ -1,0 +1,155 @@
+"""A parity table: each method's arms paired case by case with the authors' code.
+
+    .venv/bin/python benchmarks/parity/table.py fedlppa-table3
+
+Reads the arms' run folders (``<arm>/seed<k>``, each with ``cases.csv`` and
+``results.json``) named in :data:`TABLES`, and writes
+``docs/evidence/parity/<table>/table.md``: per method and arm the mean DSC over seeds, then
+each fedseg arm against the authors' arm (median paired difference, its bootstrap 95 %
+interval, the margin and the verdict of :mod:`fedseg.reporting.equivalence`; the rule is
+docs/evidence/parity/README.md). The authors' own pick (``best_round/``, their best round on
+the test split) is shown beside, without a verdict. A verdict waits for three seeds on both
+sides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+
+import yaml
+
+from fedseg.reporting.equivalence import arm_average, compare_arms
+
+ROOT = Path(__file__).resolve().parents[2]
+EVIDENCE = ROOT / "docs" / "evidence"
+SEEDS = 3
+"""Seeds per arm before a verdict is given (the rule)."""
+
+TABLES: dict[str, dict[str, dict[str, str]]] = {
+    "fedlppa-table3": {
+        method: {
+            "authors": f"parity/fedlppa-table3/runs/authors-{strategy}",
+            **({"fedseg authors": variant} if variant else {}),
+            "fedseg": f"fedlppa-table3/runs/{slug}",
+        }
+        for method, strategy, slug, variant in [
+            ("FedAvg", "FedAvg", "fedavg", None),
+            ("FedProx", "FedProx", "fedprox", None),
+            ("FedBN", "FedBN", "fedbn", None),
+            ("FedRep", "FedRep", "fedrep", None),
+            ("FedALA", "FedALA", "fedala", None),
+            (
+                "FedLPPA",
+                "FedUniV2.1",
+                "fedlppa",
+                "parity/fedlppa-table3/runs/fedseg-authors-FedLPPA",
+            ),
+        ]
+    },
+}
+"""Per table, per method: arm name -> folder (under docs/evidence) holding ``seed<k>``."""
+
+BUDGETS: dict[str, dict[str, object]] = {
+    "fedlppa-table3": {"rounds": 40, "local_iters": 10, "batch_size": 10, "lr": 0.01},
+}
+"""Per table, the ``train`` settings every arm's runs must have (one budget for both sides):
+a run of another budget (e.g. a kept evidence run not yet rerun) is left out."""
+
+
+def seed_runs(folder: Path, budget: dict[str, object], best: bool = False) -> list[Path]:
+    """The finished seed runs of an arm at ``budget`` (``best``: their ``best_round``
+    selections)."""
+    out = []
+    for run in sorted(folder.glob("seed*")):
+        chosen = run / "best_round" if best else run
+        if not ((chosen / "cases.csv").is_file() and (chosen / "results.json").is_file()):
+            continue
+        train = (yaml.safe_load((run / "config.yaml").read_text()) or {}).get("train", {})
+        if all(train.get(k) == v for k, v in budget.items()):
+            out.append(chosen)
+    return out
+
+
+def _mean(runs: list[Path]) -> str:
+    if not runs:
+        return "-"
+    values = arm_average(runs)
+    sd = f" ± {statistics.stdev(values):.1f}" if len(values) > 1 else ""
+    return f"{statistics.fmean(values):.1f}{sd} ({len(values)})"
+
+
+def _against(runs: list[Path], ref: list[Path], what: str) -> tuple[str, str, str]:
+    """The statistic, margin and verdict of ``runs`` against ``ref`` (matched seed counts)."""
+    if not runs or not ref:
+        return "", "", ""
+    n = min(len(runs), len(ref))
+    eq = compare_arms(runs[:n], ref[:n], what=what)
+    p = eq.paired
+    stat = f"{p.median:+.1f} [{p.low:+.1f}, {p.high:+.1f}] ({p.pairs} cases)"
+    waiting = len(runs) < SEEDS or len(ref) < SEEDS
+    return stat, f"{eq.margin:.1f}", f"pending ({n} of {SEEDS} seeds)" if waiting else eq.verdict
+
+
+def rows(table: str) -> list[str]:
+    """The markdown lines of ``table``'s parity table."""
+    lines = [
+        "| method | arm | DSC, mean ± SD over seeds (seeds) | authors' own pick (best round on "
+        "test) | vs authors: median difference [95 % CI] | margin | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    budget = BUDGETS[table]
+    for method, arms in TABLES[table].items():
+        ref = seed_runs(EVIDENCE / arms["authors"], budget)
+        for arm, folder in arms.items():
+            runs = seed_runs(EVIDENCE / folder, budget)
+            best = seed_runs(EVIDENCE / folder, budget, best=True)
+            pick = _mean(best) if arm == "authors" else ""
+            stat, margin, verdict = (
+                _against(runs, ref, f"{table} {method} {arm}") if arm != "authors" else ("",) * 3
+            )
+            lines.append(
+                f"| {method} | {arm} | {_mean(runs)} | {pick} | {stat} | {margin} | {verdict} |"
+            )
+    variants = [(m, a) for m, a in TABLES[table].items() if "fedseg authors" in a]
+    if variants:
+        lines += [
+            "",
+            "fedseg's default against fedseg's `method.variant: authors` (the margin from the "
+            "variant's seeds):",
+            "",
+            "| method | median difference [95 % CI] | margin | verdict |",
+            "|---|---|---|---|",
+        ]
+        for method, arms in variants:
+            default = seed_runs(EVIDENCE / arms["fedseg"], budget)
+            variant = seed_runs(EVIDENCE / arms["fedseg authors"], budget)
+            stat, margin, verdict = _against(default, variant, f"{table} {method} default")
+            lines.append(f"| {method} | {stat} | {margin} | {verdict} |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("table", choices=sorted(TABLES))
+    args = parser.parse_args()
+    out = EVIDENCE / "parity" / args.table / "table.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    head = [
+        f"# Parity: {args.table}",
+        "",
+        "Written by `.venv/bin/python benchmarks/parity/table.py "
+        f"{args.table}`; the rule is [the parity README](../README.md). DSC in points, the "
+        "last round's model on both sides; differences are the arm minus the authors' code, "
+        "per test case (seed means). Every run has "
+        + ", ".join(f"`train.{k}` {v}" for k, v in BUDGETS[args.table].items())
+        + ".",
+        "",
+    ]
+    out.write_text("\n".join(head + rows(args.table)) + "\n")
+    print(out)
+
+
+if __name__ == "__main__":
+    main()
