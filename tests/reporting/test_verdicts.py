@@ -671,3 +671,49 @@ def test_render_only_trains_nothing_and_marks_a_changed_table(tmp_path, toy_pape
     assert "| Toy paper | 1 | 0 | 0 | 0 | 0 | 0 | 1 | 0 |" in index
     with pytest.raises(ConfigError, match="--render-only renders an evidence page"):
         reproduce("toy", "t", "smoke", tmp_path / "x", render_only=True)
+
+
+def test_the_authors_code_rows_read_the_claims_again(tmp_path, toy_paper):
+    """A parity arm stands in for its row where it shares the seed and budget; the page, its
+    summary and the index show the claim's verdict with it beside fedseg's."""
+    raw, write = toy_paper
+    write(raw)
+    evidence = tmp_path / "evidence" / "toy-t"
+    reproduce("toy", "t", "evidence", tmp_path / "out", evidence=evidence)
+    ours = evidence / "runs" / "a" / "seed0"
+    arm = tmp_path / "evidence" / "parity" / "toy" / "authors-A" / "seed0"
+    arm.mkdir(parents=True)
+    shutil.copyfile(ours / "results.json", arm / "results.json")
+    rows = list(csv.DictReader((ours / "cases.csv").open()))
+    for r in rows:  # the authors' A: a perfect score on every case, so A beats B
+        r["value"] = "1.0" if r["metric"] == "dsc" else r["value"]
+    with (arm / "cases.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    train = yaml.safe_load((ours / "config.yaml").read_text())["train"]
+    (arm / "config.yaml").write_text(yaml.safe_dump({"seed": 0, "train": train}))
+    raw["tables"]["t"]["parity"] = {"runs": "parity/toy", "rows": {"A": "authors-A"}}
+    write(raw)
+
+    rep = reproduce("toy", "t", "evidence", tmp_path / "re", evidence=evidence, render_only=True)
+    page = (evidence / "table.md").read_text()
+    section = page.split("### The claims with the authors' code")[1]
+    (line,) = [x for x in section.splitlines() if x.startswith("| a-beats-b")]
+    cells = [c.strip() for c in line.split("|")[1:-1]]
+    assert cells[1] == "A − B" and float(cells[2]) > 0
+    assert cells[3].startswith("**") and cells[4] == rep.analysis.claims[0].verdict
+    summary = json.loads((evidence / "summary.json").read_text())
+    assert summary["claims"][0]["authors"]["verdict"] == cells[3].split("**")[1]
+    index = (tmp_path / "evidence" / "README.md").read_text()
+    assert "| claim | says | verdict | with the authors' code |" in index
+
+    # an arm of another budget does not stand in
+    (arm / "config.yaml").write_text(yaml.safe_dump({"seed": 0, "train": {**train, "lr": 9.0}}))
+    reproduce("toy", "t", "evidence", tmp_path / "re", evidence=evidence, render_only=True)
+    assert "### The claims with the authors' code" not in (evidence / "table.md").read_text()
+    bad = {"runs": "parity/toy", "rows": {"Z": "authors-Z"}}
+    raw["tables"]["t"]["parity"] = bad
+    write(raw)
+    with pytest.raises(ConfigError, match=r"parity\.rows: no row 'Z'"):
+        papers.load_paper("toy")

@@ -13,6 +13,7 @@ from typing import Any
 
 from fedseg.reporting.stats import ALPHA, Comparison, format_p
 from fedseg.reproduce.papers import PaperTable
+from fedseg.reproduce.parity import authors_claims, parity_lines
 from fedseg.reproduce.protocol import NOT_TESTABLE, Changed
 from fedseg.reproduce.rows import Reproduction
 
@@ -314,6 +315,7 @@ def render_markdown(rep: Reproduction) -> str:
                 f"| {c.row} | {c.other} | {metric_label(rep, c.metric)} | {n} | {median} | {ci} "
                 f"| {p} | {format_p(c.p_holm)} | {c.better()} |"
             )
+    lines += parity_lines(rep)
     return "\n".join(lines) + "\n"
 
 
@@ -453,6 +455,10 @@ def write_table(rep: Reproduction, folder: Path, command: str | None) -> None:
             for v in (rep.analysis.claims if rep.analysis else [])
         ],
     }
+    theirs = {v.claim.id: v for v in authors_claims(rep)[0]}
+    for c in summary["claims"]:
+        if c["id"] in theirs:
+            c["authors"] = {"verdict": theirs[c["id"]].verdict, "reason": theirs[c["id"]].reason}
     (folder / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
 
 
@@ -640,11 +646,30 @@ def _page_lines(folder: str, s: dict[str, Any], title: str) -> list[str]:
         f"{', '.join(map(str, seeds))}.",
         "",
     ]
-    if s["claims"]:
+    if s["claims"] and any("authors" in c for c in s["claims"]):
+        lines += [
+            "| claim | says | verdict | with the authors' code |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| {c['id']} | {c['says']} | {_verdict_cell(c)} | {_authors_cell(c)} |"
+            for c in s["claims"]
+        ]
+        lines.append("")
+    elif s["claims"]:
         lines += ["| claim | says | verdict |", "|---|---|---|"]
         lines += [f"| {c['id']} | {c['says']} | {_verdict_cell(c)} |" for c in s["claims"]]
         lines.append("")
     return lines
+
+
+def _authors_cell(claim: dict[str, Any]) -> str:
+    """The claim's verdict with the authors' code in place of fedseg's parity rows."""
+    theirs = claim.get("authors")
+    if not theirs:
+        return "—"
+    reason = f" ({theirs['reason']})" if theirs["verdict"] != "holds" and theirs["reason"] else ""
+    return f"{theirs['verdict']}{reason}"
 
 
 def _verdict_cell(claim: dict[str, Any]) -> str:

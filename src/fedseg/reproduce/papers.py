@@ -15,6 +15,7 @@ synthetic volumes carry a voxel spacing).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -85,6 +86,15 @@ class EvidenceBudget:
 
 
 @dataclass(frozen=True)
+class Parity:
+    """Where a table's parity arms are (the authors' own code on the same federation):
+    ``runs``, a folder under docs/evidence, and per row label its arm's folder there."""
+
+    runs: str
+    rows: Mapping[str, str]
+
+
+@dataclass(frozen=True)
 class PaperTable:
     """A table of a paper: its published columns, rows, controls and claims."""
 
@@ -109,6 +119,8 @@ class PaperTable:
     """When the table's config changed after its runs (its rows wait for a rerun)."""
     mechanisms: tuple[Mechanism, ...] = ()
     """Checks that a method's mechanism still acts at the evidence size."""
+    parity: Parity | None = None
+    """The authors'-code arms that stand in for some rows (:mod:`fedseg.reproduce.parity`)."""
 
     def forced(self) -> list[ProtocolItem]:
         """The protocol's forced differences (what every verdict of the table depends on)."""
@@ -225,6 +237,7 @@ def _table(path: Path, tname: str, t: dict[str, Any], metrics: tuple[str, ...]) 
     if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
         raise ConfigError(f"{where}.notes: expected a list of sentences")
     protocol, changed, mechanisms = parse_protocol(t, where, known)
+    parity = _parity(t.get("parity"), f"{where}.parity", known)
     return PaperTable(
         tname,
         t["title"],
@@ -240,7 +253,20 @@ def _table(path: Path, tname: str, t: dict[str, Any], metrics: tuple[str, ...]) 
         protocol,
         changed,
         mechanisms,
+        parity,
     )
+
+
+def _parity(raw: Any, where: str, known: set[str]) -> Parity | None:
+    if raw is None:
+        return None
+    rows = raw.get("rows") if isinstance(raw, dict) else None
+    if not isinstance(raw.get("runs") if isinstance(raw, dict) else None, str) or not (
+        isinstance(rows, dict) and rows and all(isinstance(v, str) for v in rows.values())
+    ):
+        raise ConfigError(f"{where}: expected {{runs: <folder>, rows: {{<row label>: <arm>}}}}")
+    _labels(list(rows), f"{where}.rows", known)
+    return Parity(raw["runs"], dict(rows))
 
 
 def _budget(raw: dict[str, Any], where: str) -> EvidenceBudget:
