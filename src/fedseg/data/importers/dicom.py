@@ -42,7 +42,8 @@ from fedseg.data.importers.dicom_series import (
     series_hash,
     to_ras,
 )
-from fedseg.data.importers.nifti import NiftiImport, case_samples, check_volume_options
+from fedseg.data.importers.nifti import NiftiImport, check_volume_options
+from fedseg.data.importers.samples import each_case, write_case
 from fedseg.data.manifest import Annotation
 from fedseg.data.resample import resample_image, resample_mask
 from fedseg.data.writer import FederationWriter
@@ -156,23 +157,27 @@ def import_dicom(
         source=f"imported from DICOM series ({sum(map(len, plan.values()))} series, UIDs hashed)",
         overwrite=overwrite,
     ) as writer:
-        total, done, dropped = sum(len(v) for v in plan.values()), 0, 0
-        for site, cases in plan.items():
-            for case in cases:
-                image, label, zooms = _read_case(case, axis, ct_window)
-                if spacing is not None:  # slices keep their thickness, only H, W change in 2D
-                    target = (zooms[0], *spacing) if ndim == 2 else tuple(spacing)
-                    image = resample_image(image, zooms, target)
-                    label, zooms = resample_mask(label, zooms, target), target
-                case_id = _case_id(case)
-                samples = case_samples(case_id, image[None], label, zooms, shape, fit, drop_empty)
-                dropped += len(label) - len(samples) if ndim == 2 else 0
-                for sample_id, img, lab, sp in samples:
-                    split = splits[site][case_id]
-                    writer.add(site, split, sample_id, img, lab, spacing=sp, origin=str(case.path))
-                done += 1
-                if progress is not None:
-                    progress(done, total)
+        dropped = 0
+        for site, case in each_case(plan, progress):
+            image, label, zooms = _read_case(case, axis, ct_window)
+            if spacing is not None:  # slices keep their thickness, only H, W change in 2D
+                target = (zooms[0], *spacing) if ndim == 2 else tuple(spacing)
+                image = resample_image(image, zooms, target)
+                label, zooms = resample_mask(label, zooms, target), target
+            case_id = _case_id(case)
+            dropped += write_case(
+                writer,
+                site,
+                splits[site][case_id],
+                case_id,
+                image[None],
+                label,
+                zooms,
+                shape=shape,
+                fit=fit,
+                drop_empty=drop_empty,
+                origin=str(case.path),
+            )
         record = {s: sorted(series_hash(c.series.uid) for c in v) for s, v in plan.items()}
         return DicomImport(writer.finish(chosen, series=record), dropped, unlabelled)
 

@@ -18,7 +18,7 @@ from typing import Literal
 import nibabel as nib
 import numpy as np
 
-from fedseg.data.arrays import center_crop_or_pad, normalize_intensity, resize_image, resize_mask
+from fedseg.data.arrays import normalize_intensity
 from fedseg.data.federation import unreadable
 from fedseg.data.importers.common import (
     apply_window,
@@ -29,6 +29,7 @@ from fedseg.data.importers.common import (
     site_annotations,
     site_dirs,
 )
+from fedseg.data.importers.samples import each_case, write_case
 from fedseg.data.manifest import Annotation, BoxConversion, Manifest
 from fedseg.data.resample import INTERPOLATIONS, Interpolation, resample_image, resample_mask
 from fedseg.data.writer import FederationWriter
@@ -36,7 +37,6 @@ from fedseg.errors import DataError
 
 __all__ = [
     "NiftiImport",
-    "case_samples",
     "check_volume_options",
     "import_nifti",
     "load_volume",
@@ -97,7 +97,7 @@ def import_nifti(
     per-volume percentile scaling. Label values map through ``mapping`` (value -> class) or
     must already be classes.
     """
-    ndim, fit = check_volume_options(mode, shape, axis, fit, spacing, interpolation)
+    _, fit = check_volume_options(mode, shape, axis, fit, spacing, interpolation)
     is_ct = modality.strip().upper() == "CT"
     check_window(ct_window, "--ct-window")
     if is_ct != (ct_window is not None):
@@ -143,21 +143,24 @@ def import_nifti(
         source=f"imported from NIfTI volumes in {src}",
         overwrite=overwrite,
     ) as writer:
-        total, done, dropped = sum(len(v) for v in plan.values()), 0, 0
-        for site, items in plan.items():
-            for case, img_path, lab_path, split in items:
-                raw, label, zooms = _read_case(img_path, lab_path, axis, mapping, len(class_names))
-                raw, label, zooms = resample_case(raw, label, zooms, spacing, interpolation)
-                image = (
-                    normalize_intensity(raw) if ct_window is None else apply_window(raw, ct_window)
-                )
-                samples = case_samples(case, image[None], label, zooms, shape, fit, drop_empty)
-                dropped += len(image) - len(samples) if ndim == 2 else 0
-                for sample_id, img, lab, sp in samples:
-                    writer.add(site, split, sample_id, img, lab, spacing=sp, origin=str(img_path))
-                done += 1
-                if progress is not None:
-                    progress(done, total)
+        dropped = 0
+        for site, (case, img_path, lab_path, split) in each_case(plan, progress):
+            raw, label, zooms = _read_case(img_path, lab_path, axis, mapping, len(class_names))
+            raw, label, zooms = resample_case(raw, label, zooms, spacing, interpolation)
+            image = normalize_intensity(raw) if ct_window is None else apply_window(raw, ct_window)
+            dropped += write_case(
+                writer,
+                site,
+                split,
+                case,
+                image[None],
+                label,
+                zooms,
+                shape=shape,
+                fit=fit,
+                drop_empty=drop_empty,
+                origin=str(img_path),
+            )
         return NiftiImport(writer.finish(chosen), dropped)
 
 
@@ -259,37 +262,3 @@ def load_volume(
         raise DataError(unreadable(path, e, "a NIfTI volume")) from None
     wanted = "a 3D volume (x, y, z)" + (" or 4D (x, y, z, channel)" if channels else "")
     raise DataError(f"{path}: {what} must be {wanted}, got shape {volume.shape}")
-
-
-def case_samples(
-    case: str,
-    image: np.ndarray,
-    label: np.ndarray,
-    spacing: Sequence[float],
-    shape: Sequence[int],
-    fit: str,
-    drop_empty: bool,
-) -> list[tuple[str, np.ndarray, np.ndarray, tuple[float, ...]]]:
-    """Samples ``(id, image, label, spacing)`` of one case: image (C, D, H, W), label (D, H, W).
-
-    A 3D ``shape`` keeps the volume, fitted by resizing or centre cropping/padding (``fit``); a
-    2D ``shape`` cuts slices along D (ids ``<case>_<k>``, fitted alike; empty-mask slices
-    dropped when ``drop_empty``).
-    """
-    if len(shape) == 3:
-        return [(case, *_fit(image, label, spacing, shape, fit))]
-    return [
-        (f"{case}_{k:03d}", *_fit(image[:, k], label[k], spacing[1:], shape, fit))
-        for k in range(label.shape[0])
-        if label[k].any() or not drop_empty
-    ]
-
-
-def _fit(
-    image: np.ndarray, label: np.ndarray, spacing: Sequence[float], shape: Sequence[int], fit: str
-) -> tuple[np.ndarray, np.ndarray, tuple[float, ...]]:
-    """Channel-first ``image`` and ``label`` fitted to ``shape``; spacing follows resizing."""
-    if fit == "crop":
-        return center_crop_or_pad(image, shape), center_crop_or_pad(label, shape), tuple(spacing)
-    scaled = tuple(s * n / m for s, n, m in zip(spacing, label.shape, shape, strict=True))
-    return resize_image(image, shape), resize_mask(label, shape), scaled

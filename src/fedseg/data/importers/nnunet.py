@@ -32,11 +32,11 @@ from fedseg.data.importers.common import (
 )
 from fedseg.data.importers.nifti import (
     NiftiImport,
-    case_samples,
     check_volume_options,
     load_volume,
     resample_case,
 )
+from fedseg.data.importers.samples import each_case, write_case
 from fedseg.data.manifest import Annotation
 from fedseg.data.resample import Interpolation
 from fedseg.data.writer import FederationWriter
@@ -92,7 +92,7 @@ def import_nnunet(
     ``axis``, ``fit``, ``drop_empty``, ``spacing`` and ``interpolation`` (resampling to one
     voxel spacing, before normalising) are those of ``import_nifti``.
     """
-    ndim, fit = check_volume_options(mode, shape, axis, fit, spacing, interpolation)
+    _, fit = check_volume_options(mode, shape, axis, fit, spacing, interpolation)
     if normalization not in NORMALIZATIONS:
         raise DataError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
     if site_csv is not None and site_regex is not None:
@@ -134,23 +134,28 @@ def import_nnunet(
         source=f"imported from nnU-Net/MSD datasets {[str(s) for s in sources]}",
         overwrite=overwrite,
     ) as writer:
-        total, done, dropped = sum(len(v) for v in plan.values()), 0, 0
-        for site, cases in plan.items():
-            for case, files, lab_path, split in cases:
-                image, label, zooms = _read_case(
-                    files, lab_path, axis, len(first.channels), len(first.classes)
-                )
-                image, label, zooms = resample_case(image, label, zooms, spacing, interpolation)
-                for c, data in enumerate(image):
-                    window = ct_window if is_ct[c] else None
-                    image[c] = _normalise(data, normalization, window)
-                samples = case_samples(case, image, label, zooms, shape, fit, drop_empty)
-                dropped += label.shape[0] - len(samples) if ndim == 2 else 0
-                for sample_id, img, lab, sp in samples:
-                    writer.add(site, split, sample_id, img, lab, spacing=sp, origin=str(files[0]))
-                done += 1
-                if progress is not None:
-                    progress(done, total)
+        dropped = 0
+        for site, (case, files, lab_path, split) in each_case(plan, progress):
+            image, label, zooms = _read_case(
+                files, lab_path, axis, len(first.channels), len(first.classes)
+            )
+            image, label, zooms = resample_case(image, label, zooms, spacing, interpolation)
+            for c, data in enumerate(image):
+                window = ct_window if is_ct[c] else None
+                image[c] = _normalise(data, normalization, window)
+            dropped += write_case(
+                writer,
+                site,
+                split,
+                case,
+                image,
+                label,
+                zooms,
+                shape=shape,
+                fit=fit,
+                drop_empty=drop_empty,
+                origin=str(files[0]),
+            )
         return NiftiImport(writer.finish(chosen), dropped)
 
 
