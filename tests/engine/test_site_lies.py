@@ -11,6 +11,7 @@ from fedseg.config import ScreeningSettings, parse_config
 from fedseg.engine.loop import RoundPolicy
 from fedseg.engine.server import ServerCore
 from fedseg.engine.simulation import Simulation
+from fedseg.engine.worker import TrainReply
 from fedseg.errors import ConfigError, UploadError
 from fedseg.methods import Payload, TrainSettings, get_method
 from fedseg.models import parse_model
@@ -110,3 +111,25 @@ def test_update_norm_is_the_distance_from_the_payload_sent():
     assert server.update_norm("site0", upload) == pytest.approx(
         3.0 * upload.tensors[key].numel() ** 0.5
     )
+
+
+@pytest.mark.parametrize("bound", [None, 10.0])
+def test_unset_screening_passes_replies_as_they_come_without_norms(bound, monkeypatch):
+    method, _ = _method()
+    server = ServerCore(method, TRAIN, 0, ScreeningSettings(max_update_norm_ratio=bound))
+    norms: list[str] = []
+    real = server.update_norm
+    monkeypatch.setattr(server, "update_norm", lambda s, u: norms.append(s) or real(s, u))
+    sent: list[TrainReply] = []
+
+    def replies():
+        for s in server.spec.site_names:
+            sent.append(TrainReply(_honest(server, s)))
+            yield s, sent[-1]
+
+    first, reply = next(server.screen(replies(), {}))
+    assert first == "site0" and reply is sent[0]  # the reply itself, not a copy
+    if bound is None:  # streamed: the later replies not yet drawn, no norm computed
+        assert len(sent) == 1 and norms == []
+    else:  # held until all arrived, one norm each
+        assert len(sent) == 3 and norms == list(server.spec.site_names)

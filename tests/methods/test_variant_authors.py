@@ -151,6 +151,18 @@ def test_restore_ddp_slots_false_leaves_weight_decay_on_the_other_slots(restore)
         assert (new[[0, 2]].abs() < old[[0, 2]].abs()).all()
 
 
+@pytest.mark.parametrize("aux_pce", [True, False])
+def test_fedlppa_aux_pce_reaches_the_clients_supervised_term(aux_pce):
+    spec, sites = toy_federation(2, size=32)
+    method = _fedlppa(spec, aux_pce=aux_pce, la=False)
+    payload = method.init_server(method.build_model()).payloads["site1"]
+    train = TrainSettings(local_iters=2, batch_size=4, augment=False)
+    m = _step(method, sites, payload, {}, train).metrics
+    assert m["pce_main"] != pytest.approx(m["pce_aux"])
+    expected = 0.5 * m["pce_main"] + 0.5 * m["pce_aux"] if aux_pce else m["pce_main"]
+    assert m["sup"] == pytest.approx(expected, rel=1e-5)
+
+
 def test_la_init_own_starts_the_merge_at_the_sites_decoders():
     spec, sites = toy_federation(2, size=32)
     method = _fedlppa(spec, la_init="own", la_eta=0.0)
@@ -179,10 +191,11 @@ def test_la_schedule_passes_and_skipped_rounds():
     assert steps[2] == steps[3] == per_pass  # then one pass per round
 
 
-def test_feddp_uniform_aggregation_ignores_sample_counts():
+@pytest.mark.parametrize(("aggregation", "mean"), [("samples", 0.9), ("uniform", 0.5)])
+def test_feddp_aggregation_weights_by_samples_or_uniformly(aggregation, mean):
     spec, _ = toy_federation(2, labels="full")
     cls = get_method("feddp")
-    method = cls(cls.Config(aggregation="uniform", ft_epochs=0), spec)
+    method = cls(cls.Config(aggregation=aggregation, ft_epochs=0), spec)
     model = method.build_model()
     sd = model.state_dict()
     key = next(k for k in method.parts(model).upload if sd[k].is_floating_point())
@@ -192,7 +205,7 @@ def test_feddp_uniform_aggregation_ignores_sample_counts():
     }
     ctx = ServerContext(spec=spec, round=0, train=TrainSettings(), generator=torch.Generator())
     out = method.server_step(uploads, {}, ctx).payloads["site0"].tensors[key]
-    assert torch.allclose(out, torch.full_like(out, 0.5))
+    assert torch.allclose(out, torch.full_like(out, mean))
 
 
 # -- one round of each, from a config ---------------------------------------------------------
