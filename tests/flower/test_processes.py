@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 from fedseg.engine.flower.cli import app as flower_cli
 from fedseg.engine.flower.launcher import LocalFederation
 from fedseg.engine.flower.settings import FlowerSettings, SiteConfig
+from fedseg.engine.flower.supernode import HEARTBEAT_ENV
 from fedseg.engine.flower.tls import write_node_key
 from fedseg.engine.runner import InProcessRunner
 
@@ -122,10 +123,14 @@ def test_fedbn_over_tls_with_supernode_auth(federation: Path, tmp_path: Path):
         assert saved and "weights" in torch.load(saved[-1], weights_only=True)["method"]
 
 
-def test_killed_site_is_recorded_and_rejoins(federation: Path, tmp_path: Path):
+def test_killed_site_is_recorded_and_rejoins(
+    federation: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     """Site B's SuperNode is killed (SIGKILL) during round 2 and restarted: its new node
     waits until the SuperLink marks the old one offline (missed heartbeats), round 2 finishes
-    with A alone (B's failure recorded), B takes part again in round 3, nothing is lost."""
+    with A alone (B's failure recorded), B takes part again in round 3, nothing is lost.
+    The SuperNodes announce a 10 s heartbeat (Flower's minimum), so the wait is ~20 s."""
+    monkeypatch.setenv(HEARTBEAT_ENV, "10")
     cfg = make_config(federation, "fedbn", rounds=3)
     sites = [SiteConfig(n, federation, tmp_path / "state" / n, threads=1) for n in SITES]
     run_dir = tmp_path / "run"
