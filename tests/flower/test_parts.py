@@ -180,9 +180,7 @@ def test_split_federation_gives_each_site_only_its_own_data(federation: Path, tm
         split_federation(federation, tmp_path / "out")
 
 
-def test_split_federation_keeps_only_the_sites_own_series_hashes(
-    federation: Path, tmp_path: Path
-):
+def test_split_federation_keeps_only_the_sites_own_series_hashes(federation: Path, tmp_path: Path):
     """A DICOM import's manifest lists each site's hashed series: a site's folder must not
     carry the other sites' (they would tell it what the others hold)."""
 
