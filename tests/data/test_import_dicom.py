@@ -21,7 +21,7 @@ from dicom_fixtures import box_contour, ct_series, rtstruct_file, seg_file
 from fedseg.cli import app
 from fedseg.data import FederatedDataset
 from fedseg.data.importers.dicom import dicom_volume, import_dicom, read_series
-from fedseg.data.importers.dicom_series import from_ras, to_ras
+from fedseg.data.importers.dicom_series import assemble, from_ras, to_ras
 from fedseg.errors import DataError
 
 CLASSES = ["background", "liver"]
@@ -237,12 +237,27 @@ def test_missing_slices_and_uneven_spacing_are_refused(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"inconsistent spacing: slice steps range from 2\.500"):
         import_dicom(tmp_path / "uneven", tmp_path / "o", class_names=CLASSES, shape=(8, 8))
     series = ct_series(tmp_path / "pix" / "A", hu)
-    bad = pydicom.dcmread(next((tmp_path / "pix" / "A").glob("*.dcm")))
+    odd = next((tmp_path / "pix" / "A").glob("*.dcm"))
+    bad = pydicom.dcmread(odd)
     bad.PixelSpacing = [0.9, 0.9]
-    bad.save_as(next((tmp_path / "pix" / "A").glob("*.dcm")))
+    bad.save_as(odd)
     seg_file(tmp_path / "pix" / "A" / "seg", series, (hu > 0).astype(np.uint8), ["liver"])
-    with pytest.raises(DataError, match=r"inconsistent spacing: PixelSpacing \[0.9, 0.9\]"):
+    with pytest.raises(DataError, match=rf"{odd.name}: inconsistent spacing: PixelSpacing \[0.9"):
         import_dicom(tmp_path / "pix", tmp_path / "o", class_names=CLASSES, shape=(8, 8))
+
+
+@pytest.mark.parametrize("where", [0, 2, 5])
+def test_the_odd_slice_is_named_whatever_the_file_order(tmp_path: Path, where: int) -> None:
+    """The slice whose grid differs from the others' is the one refused, first read or last."""
+    ct_series(tmp_path / "A", organ())
+    slices = [(f, pydicom.dcmread(f)) for f in sorted((tmp_path / "A").glob("*.dcm"))]
+    slices[where][1].PixelSpacing = [0.9, 0.9]
+    odd = slices[where][0].name
+    with pytest.raises(DataError, match=rf"{odd}: inconsistent spacing: PixelSpacing \[0.9"):
+        assemble("1.2.3", slices)
+    slices[where][1].Rows = 12
+    with pytest.raises(DataError, match=rf"{odd}: 12 x 14 pixels, other slices .* 16 x 14"):
+        assemble("1.2.3", slices)
 
 
 def test_a_mask_grid_that_does_not_match_its_image_is_refused(tmp_path: Path) -> None:

@@ -176,6 +176,19 @@ def _check_decoder(path: Path, ds: Dataset) -> None:
         )
 
 
+def _usual_grid(slices: list[tuple[Path, Dataset]]) -> Dataset:
+    """The first slice of the grid (size, orientation, pixel spacing) most slices share, so
+    that a refusal names the odd slice whatever the files' order."""
+
+    def grid(ds: Dataset) -> tuple:
+        rounded = [round(float(v), 4) for v in (*ds.ImageOrientationPatient, *ds.PixelSpacing)]
+        return (int(ds.Rows), int(ds.Columns), *rounded)
+
+    keys = [grid(ds) for _, ds in slices]
+    usual = max(keys, key=keys.count)
+    return slices[keys.index(usual)][1]
+
+
 def assemble(uid: str, slices: list[tuple[Path, Dataset]]) -> Series:
     """The :class:`Series` of ``slices``, sorted along the slice normal.
 
@@ -184,14 +197,14 @@ def assemble(uid: str, slices: list[tuple[Path, Dataset]]) -> Series:
             slices at one position, missing slices (a gap in the positions) or uneven steps.
     """
     where = f"series {series_hash(uid)[:12]} in {slices[0][0].parent}"
-    first = slices[0][1]
     for path, ds in slices:
         for key in ("ImagePositionPatient", "ImageOrientationPatient", "PixelSpacing"):
             if key not in ds:
                 raise DataError(f"{path}: no {key}; import-dicom needs the slice geometry")
+    first = _usual_grid(slices)
     orientation = np.array(first.ImageOrientationPatient, float)
     pixel = np.array(first.PixelSpacing, float)
-    for path, ds in slices[1:]:
+    for path, ds in slices:
         if (ds.Rows, ds.Columns) != (first.Rows, first.Columns):
             raise DataError(
                 f"{path}: {ds.Rows} x {ds.Columns} pixels, other slices of {where} have "
