@@ -311,9 +311,14 @@ def parse_config(raw: dict[str, Any], source: str = "<config>") -> RunConfig:
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``key.sub=value`` overrides (values parsed as YAML) to a raw config mapping.
 
-    ``method.name`` set to another method drops the block's settings that equal the old
-    method's defaults (a run's ``config.yaml`` records them all), so the new method starts
-    from its own defaults; settings given other values are kept (and must fit it)."""
+    An override of one of two alternative settings (``train.local_epochs`` and
+    ``local_iters``, FedRep's ``head_iters`` and ``head_epochs``) drops the other from the
+    block, as a run's ``config.yaml`` records the one in force. ``method.name`` set to
+    another method drops the block's settings that equal the old
+    method's defaults (a run's ``config.yaml`` records them all), and the ``train:``
+    settings that equal the old method's (its variant's, or the global defaults), so the new
+    method starts from its own defaults; settings given other values are kept (and must fit
+    it)."""
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"--set {item!r}: expected key=value, e.g. train.rounds=5")
@@ -326,10 +331,30 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
                 raise ConfigError(f"--set {item!r}: {p} is not a mapping")
         new = yaml.safe_load(value)
         if parents == ["method"] and leaf == "name" and node.get("name") != new:
+            if isinstance(raw.get("train"), dict):
+                raw["train"] = _train_without_defaults(raw["train"], node)
             node = _without_defaults(node)
             raw["method"] = node
+        rival = _rivals(raw, parents).get(leaf)
+        if rival is not None and new is not None:
+            node.pop(rival, None)  # the override is the later word
         node[leaf] = new
     return raw
+
+
+def _rivals(raw: dict[str, Any], parents: list[str]) -> dict[str, str]:
+    """The block's pairs of alternative settings (``train.local_iters`` / ``local_epochs``,
+    FedRep's ``head_epochs`` / ``head_iters``), each mapped to the other."""
+    if parents == ["train"]:
+        replaces = TrainSettings.replaces
+    elif parents == ["method"] and isinstance(raw.get("method"), dict):
+        try:
+            replaces = get_method(str(raw["method"].get("name"))).Config.replaces
+        except RegistryError:
+            return {}
+    else:
+        return {}
+    return {**replaces, **{v: k for k, v in replaces.items()}}
 
 
 def _without_defaults(block: dict[str, Any]) -> dict[str, Any]:
@@ -342,6 +367,25 @@ def _without_defaults(block: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in block.items() if k not in defaults or defaults[k] != v}
 
 
+def _train_without_defaults(train: dict[str, Any], method: dict[str, Any]) -> dict[str, Any]:
+    """``train`` without the settings that equal what ``method``'s block gets by default
+    (its variant's ``train:`` settings, else the global defaults)."""
+    try:
+        defaults = TrainSettings(**variant_train({"name": method.get("name")}, {}))
+    except (TypeError, ValueError):
+        return train
+    dumped = defaults.model_dump(mode="json")
+    return {k: v for k, v in train.items() if k not in dumped or dumped[k] != v}
+
+
+def _has_variants(block: dict[str, Any]) -> bool:
+    """Whether the ``method:`` block's method has named variants (``method.variant``)."""
+    try:
+        return "variant" in get_method(str(block.get("name"))).Config.model_fields
+    except RegistryError:
+        return False
+
+
 def from_run_dump(raw: dict[str, Any]) -> dict[str, Any]:
     """A run directory's ``config.yaml`` as :func:`parse_config` takes it and as a dump
     written today reads. Dumps written before 2026-11-25 also hold the inactive
@@ -350,9 +394,14 @@ def from_run_dump(raw: dict[str, Any]) -> dict[str, Any]:
     filled in; an invalid block is left as it is); those before 2026-11-29 have no
     ``data.synth.seed`` (its default is filled in; which federation such a run used is what
     ``benchmarks/data_seed_audit.py`` establishes); those before 2026-12-01 have no
-    ``screening`` block (its defaults, off, are filled in)."""
+    ``screening`` block (its defaults, off, are filled in) and no ``method.variant``: they
+    ran the paper reading, ``variant: paper`` (FedLPPA's default is ``authors`` since
+    2026-12-03)."""
     if "screening" not in raw:
         raw = {**raw, "screening": ScreeningSettings().model_dump()}
+    method = raw.get("method")
+    if isinstance(method, dict) and "variant" not in method and _has_variants(method):
+        raw = {**raw, "method": {**method, "variant": "paper"}}
     train = raw.get("train")
     if isinstance(train, dict) and train.get("local_epochs") is not None:
         raw = {**raw, "train": {k: v for k, v in train.items() if k != "local_iters"}}

@@ -135,3 +135,22 @@ def test_switching_the_method_of_a_dumped_config_starts_from_the_new_methods_def
         parse_config(kept)
     then_set = apply_overrides(dumped({"name": "fedavg"}), ["method.name=fedprox", "method.mu=0.1"])
     assert parse_config(then_set).method["mu"] == 0.1
+
+
+def test_an_override_of_one_alternative_drops_the_other_recorded_in_a_dump(tmp_path):
+    """A run's config.yaml records the alternative in force (``head_epochs: 1``,
+    ``local_iters: 10``); ``--set`` of its rival replaces it instead of being refused."""
+    from fedseg.config import dump_config, load_config
+
+    cfg = parse_config({"data": {"root": "d"}, "method": {"name": "fedrep"}})
+    path = tmp_path / "config.yaml"
+    path.write_text(dump_config(cfg))
+    loaded = load_config(path, ["method.head_iters=8", "train.local_epochs=1"], run_dump=True)
+    assert loaded.method["head_iters"] == 8 and loaded.train.local_epochs == 1
+    assert loaded.train.local_iters is None or "local_iters" not in loaded.train.model_fields_set
+    back = load_config(path, ["method.head_epochs=3"], run_dump=True)
+    assert back.method["head_epochs"] == 3 and back.method["head_iters"] is None
+    with pytest.raises(ConfigError, match="head_epochs or head_iters, not both"):
+        parse_config(
+            {"data": {"root": "d"}, "method": {"name": "fedrep", "head_iters": 8, "head_epochs": 2}}
+        )

@@ -78,7 +78,8 @@ def test_tensorboard_logs_losses_aaw_weights_and_validation(tmp_path):
 
 def test_tensorboard_logs_affinity_and_la_statistics(tmp_path):
     pytest.importorskip("tensorboard")
-    cfg = _config(tmp_path, {"name": "fedlppa"}, tracking={"tensorboard": True})
+    method = {"name": "fedlppa", "la_skip_rounds": 0}  # LA from round 2 of the 2
+    cfg = _config(tmp_path, method, tracking={"tensorboard": True})
     run_dir = tmp_path / "run"
     InProcessRunner(cfg, run_dir).run()
     acc = _events(run_dir)

@@ -17,7 +17,9 @@ FAST = TrainSettings(rounds=2, local_iters=2, batch_size=4, augment=False)
 
 
 def _method(spec, **config):
-    return get_method("fedlppa")(FedLPPAConfig(**config), spec)
+    """FedLPPA as fedseg reads the paper (``variant: paper``, whose mechanics these tests
+    check; the authors' variant: tests/methods/test_variant_authors.py), or as given."""
+    return get_method("fedlppa")(FedLPPAConfig(**{"variant": "paper", **config}), spec)
 
 
 def _uploads(method, model, names, seed=0):
@@ -237,7 +239,9 @@ def test_config_validation():
     with pytest.raises(ValueError, match="mix_low"):
         FedLPPAConfig(mix_low=0.9, mix_high=0.8)
     with pytest.raises(ValueError, match=r"la_eta 1\.0 with la_update adam"):
-        FedLPPAConfig(la_eta=1.0)
+        FedLPPAConfig(variant="paper", la_eta=1.0)
+    with pytest.raises(ValueError, match=r"variant 'authors' sets method\.la_update: 'sgd'"):
+        FedLPPAConfig(la_update="adam")
     FedLPPAConfig(la_update="sgd", la_eta=1.0)
     FedLPPAConfig(tdf=False, aux_strategy="fixed_order")
     spec, _ = toy_federation(2, size=32)

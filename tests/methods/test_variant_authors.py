@@ -45,19 +45,46 @@ def _plain(value: object) -> object:
 def test_authors_variant_resolves_to_exactly_the_documented_settings(method):
     variant = get_method(method).Config.variants["authors"]
     doc = _documented(method)
-    assert doc["method"] == {k: _plain(v) for k, v in variant.method.items()}
+    fixed_or_filled = {**variant.defaults, **variant.method}
+    assert doc["method"] == {k: _plain(v) for k, v in fixed_or_filled.items()}
     assert doc["train"] == dict(variant.train)
     cfg = _cfg({"name": method, "variant": "authors"})
     for key, value in doc["method"].items():
         assert cfg.method[key] == value, key
     for key, value in doc["train"].items():
         assert getattr(cfg.train, key) == value, key
-    paper = _cfg({"name": method})
-    assert paper.method["variant"] == "paper"
-    assert {k: v for k, v in paper.method.items() if k != "variant"} == {
-        k: v for k, v in _cfg({"name": method}).method.items() if k != "variant"
-    }
+    paper = _cfg({"name": method, "variant": "paper"})
     assert paper.train == TrainSettings()  # paper fixes nothing
+    default = _cfg({"name": method})
+    expected = "authors" if method == "fedlppa" else "paper"  # FedLPPA: parity, 2026-12-03
+    assert default.method["variant"] == expected
+    assert default == _cfg({"name": method, "variant": expected})
+
+
+def test_fedlppa_paper_variant_is_the_papers_reading_and_fixes_nothing():
+    paper = _cfg({"name": "fedlppa", "variant": "paper"})
+    reading = get_method("fedlppa").Config.variants["paper"].defaults
+    assert {k: paper.method[k] for k in reading} == {k: _plain(v) for k, v in reading.items()}
+    assert reading["aux_source"] == "main" and reading["la_skip_rounds"] == 0
+    mixed = _cfg({"name": "fedlppa", "variant": "paper", "aux_source": "aux"})
+    assert mixed.method["aux_source"] == "aux" and mixed.method["aux_pce"] is True
+
+
+def test_a_warm_up_given_in_rounds_is_kept_by_the_authors_variant():
+    assert _cfg({"name": "fedlppa"}).method["la_skip_rounds"] == 50
+    assert _cfg({"name": "fedlppa", "la_skip_rounds": 4}).method["la_skip_rounds"] == 4
+    assert _cfg({"name": "fedlppa", "aux_strategy": "random"}).method["aux_strategy"] == "random"
+
+
+def test_a_dump_without_a_variant_predates_them_and_reads_as_the_paper(tmp_path):
+    cfg = _cfg({"name": "fedlppa", "variant": "paper"})
+    dumped = yaml.safe_load(dump_config(cfg))
+    del dumped["method"]["variant"]
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(dumped))
+    assert load_config(path, run_dump=True) == cfg
+    with pytest.raises(ConfigError, match="aux_source"):
+        load_config(path)  # as a hand-written config it asks for the default variant
 
 
 @pytest.mark.parametrize(
@@ -120,8 +147,9 @@ def test_aux_pce_false_supervises_the_main_decoder_only():
 
 
 def _fedlppa(spec, **cfg):
+    """FedLPPA with the options given, on the paper reading (which leaves each settable)."""
     cls = get_method("fedlppa")
-    return cls(cls.Config(**cfg), spec)
+    return cls(cls.Config(**{"variant": "paper", **cfg}), spec)
 
 
 def _step(method, sites, payload, state, train, round_index=1):

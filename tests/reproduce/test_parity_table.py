@@ -26,7 +26,7 @@ def table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(
         module,
         "TABLES",
-        {"t": {"M": {"authors": "a", "fedseg authors": "v", "fedseg": "f"}}},
+        {"t": {"M": {"authors": "a", "fedseg authors": "v", "fedseg paper": "f"}}},
     )
     monkeypatch.setattr(module, "BUDGETS", {"t": {"rounds": 4, "batch_size": 10}})
     return module
@@ -64,7 +64,7 @@ def test_runs_of_another_budget_are_left_out_and_verdicts_wait_for_three_seeds(t
     assert authors[2].endswith("(3)") and authors[3].endswith("(3)")  # its pick beside
     variant = _row(lines, "fedseg authors")
     assert variant[4].startswith("+0.1") and variant[6] == "equivalent"
-    default = _row(lines, "fedseg")
+    default = _row(lines, "fedseg paper")
     assert default[2].endswith("(1)")  # the batch-8 run is left out
     assert default[4].startswith("-10.0") and default[6] == "pending (1 of 3 seeds)"
     last = [c.strip() for c in lines[-1].split("|")[1:-1]]

@@ -26,9 +26,12 @@ class Variant:
     """The settings one named variant fixes, and where each behaviour comes from."""
 
     method: Mapping[str, Any] = field(default_factory=dict)
-    """Method settings (the ``method:`` block)."""
+    """Method settings (the ``method:`` block); another value given for one is refused."""
     train: Mapping[str, Any] = field(default_factory=dict)
-    """``train:`` settings."""
+    """``train:`` settings, fixed as ``method``."""
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    """Method settings filled in where the config gives none; a given value is kept (a
+    schedule tied to the run's budget, e.g. a warm-up in rounds)."""
 
 
 def _same(model: type[BaseModel], key: str, given: Any, fixed: Any) -> bool:
@@ -68,23 +71,33 @@ def _refuse(variant: str, found: list[str]) -> None:
         )
 
 
+def _chosen(config: type[BaseModel], block: Mapping[str, Any]) -> tuple[str, Variant | None]:
+    """The variant a ``method:`` block names (the field's default where it names none) and
+    its :class:`Variant` (``None`` for a variant that sets nothing, or an unknown name)."""
+    name = block.get("variant", config.model_fields["variant"].default)
+    if not isinstance(name, str):
+        return "", None
+    return name, getattr(config, "variants", {}).get(name)
+
+
 class VariantConfig(MethodConfig):
     """A method config with named variants: a subclass declares ``variant`` (a ``Literal``
-    of the names, its default first) and ``variants`` (name -> :class:`Variant`; the
-    default, which fixes nothing, is not listed)."""
+    of the names and its default) and ``variants`` (name -> :class:`Variant`; a variant
+    that sets nothing, the paper reading where that is the default, need not be listed).
+    The default variant's settings are filled in when the config names no variant."""
 
     variants: ClassVar[Mapping[str, Variant]] = {}
 
     @model_validator(mode="before")
     @classmethod
     def _variant_settings(cls, data: Any) -> Any:
-        if not isinstance(data, dict) or not isinstance(data.get("variant"), str):
+        if not isinstance(data, dict):
             return data
-        chosen = cls.variants.get(data["variant"])
+        name, chosen = _chosen(cls, data)
         if chosen is None:
-            return data  # the default, or an unknown name the variant field reports
-        _refuse(data["variant"], conflicts(chosen.method, data, cls, "method"))
-        return {**data, **chosen.method}
+            return data  # a variant that sets nothing, or an unknown name the field reports
+        _refuse(name, conflicts(chosen.method, data, cls, "method"))
+        return {**chosen.defaults, **data, **chosen.method}
 
 
 def variant_train(method: Any, train: Any) -> Any:
@@ -92,14 +105,15 @@ def variant_train(method: Any, train: Any) -> Any:
     in (``train`` as given where the method or variant is unknown or fixes none: their own
     validation reports those). Raises ``ValueError`` naming every conflicting setting of
     both blocks."""
-    if not isinstance(method, Mapping) or not isinstance(method.get("variant"), str):
+    if not isinstance(method, Mapping):
         return train
     try:
         config = get_method(str(method.get("name"))).Config
     except RegistryError:
         return train
-    variants = getattr(config, "variants", {})
-    chosen = variants.get(method["variant"])
+    if "variant" not in config.model_fields:
+        return train
+    name, chosen = _chosen(config, method)
     if chosen is None or not chosen.train:
         return train
     if isinstance(train, TrainSettings):
@@ -108,5 +122,5 @@ def variant_train(method: Any, train: Any) -> Any:
         return train
     given = dict(train or {})
     found = conflicts(chosen.method, method, config, "method")
-    _refuse(method["variant"], found + conflicts(chosen.train, given, TrainSettings, "train"))
+    _refuse(name, found + conflicts(chosen.train, given, TrainSettings, "train"))
     return {**given, **chosen.train}
