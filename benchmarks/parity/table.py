@@ -27,26 +27,31 @@ EVIDENCE = ROOT / "docs" / "evidence"
 SEEDS = 3
 """Seeds per arm before a verdict is given (the rule)."""
 
+RUNS = "parity/fedlppa-table3/runs"
+PAPER_READING = "archive/fedlppa-table3-variant-paper/fedlppa-table3/runs/fedlppa"
+"""FedLPPA's Table III row as fedseg read the paper (its default until 2026-12-03)."""
+
 TABLES: dict[str, dict[str, dict[str, str]]] = {
     "fedlppa-table3": {
-        method: {
-            "authors": f"parity/fedlppa-table3/runs/authors-{strategy}",
-            **({"fedseg authors": variant} if variant else {}),
-            "fedseg": f"fedlppa-table3/runs/{slug}",
-        }
-        for method, strategy, slug, variant in [
-            ("FedAvg", "FedAvg", "fedavg", None),
-            ("FedProx", "FedProx", "fedprox", None),
-            ("FedBN", "FedBN", "fedbn", None),
-            ("FedRep", "FedRep", "fedrep", None),
-            ("FedALA", "FedALA", "fedala", None),
-            (
-                "FedLPPA",
-                "FedUniV2.1",
-                "fedlppa",
-                "parity/fedlppa-table3/runs/fedseg-authors-FedLPPA",
-            ),
-        ]
+        "FedAvg": {"authors": f"{RUNS}/authors-FedAvg", "fedseg": "fedlppa-table3/runs/fedavg"},
+        "FedProx": {
+            "authors": f"{RUNS}/authors-FedProx",
+            "fedseg": "fedlppa-table3/runs/fedprox",
+        },
+        "FedBN": {"authors": f"{RUNS}/authors-FedBN", "fedseg": "fedlppa-table3/runs/fedbn"},
+        "FedRep": {
+            "authors": f"{RUNS}/authors-FedRep",
+            "fedseg": "fedlppa-table3/runs/fedrep",
+            "fedseg, the code's FedRep settings": f"{RUNS}/fedseg-port-FedRep",
+            "fedseg, its 8 + 2 split only": f"{RUNS}/fedseg-split-FedRep",
+            "fedseg, SGD only": f"{RUNS}/fedseg-sgd-FedRep",
+        },
+        "FedALA": {"authors": f"{RUNS}/authors-FedALA", "fedseg": "fedlppa-table3/runs/fedala"},
+        "FedLPPA": {
+            "authors": f"{RUNS}/authors-FedUniV2.1",
+            "fedseg authors": f"{RUNS}/fedseg-authors-FedLPPA",
+            "fedseg paper": PAPER_READING,
+        },
     },
 }
 """Per table, per method: arm name -> folder (under docs/evidence) holding ``seed<k>``."""
@@ -112,18 +117,18 @@ def rows(table: str) -> list[str]:
             lines.append(
                 f"| {method} | {arm} | {_mean(runs)} | {pick} | {stat} | {margin} | {verdict} |"
             )
-    variants = [(m, a) for m, a in TABLES[table].items() if "fedseg authors" in a]
+    variants = [(m, a) for m, a in TABLES[table].items() if "fedseg paper" in a]
     if variants:
         lines += [
             "",
-            "fedseg's default against fedseg's `method.variant: authors` (the margin from the "
-            "variant's seeds):",
+            "fedseg's `method.variant: paper` against its `variant: authors` (the margin from "
+            "the authors variant's seeds):",
             "",
             "| method | median difference [95 % CI] | margin | verdict |",
             "|---|---|---|---|",
         ]
         for method, arms in variants:
-            default = seed_runs(EVIDENCE / arms["fedseg"], budget)
+            default = seed_runs(EVIDENCE / arms["fedseg paper"], budget)
             variant = seed_runs(EVIDENCE / arms["fedseg authors"], budget)
             stat, margin, verdict = _against(default, variant, f"{table} {method} default")
             lines.append(f"| {method} | {stat} | {margin} | {verdict} |")
