@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, get_args
 
 from pydantic import BaseModel, TypeAdapter, ValidationError, model_validator
 
@@ -62,12 +62,14 @@ def conflicts(
     return out
 
 
-def _refuse(variant: str, found: list[str]) -> None:
+def _refuse(config: type[BaseModel], variant: str, found: list[str]) -> None:
     if found:
+        names = get_args(config.model_fields["variant"].annotation)
+        others = " or ".join(repr(n) for n in names if n != variant)
         raise ValueError(
             f"method.variant {variant!r} sets "
             + "; ".join(found)
-            + ": remove the config's setting, or use another variant"
+            + f": remove the config's setting, or set method.variant to {others}"
         )
 
 
@@ -96,7 +98,7 @@ class VariantConfig(MethodConfig):
         name, chosen = _chosen(cls, data)
         if chosen is None:
             return data  # a variant that sets nothing, or an unknown name the field reports
-        _refuse(name, conflicts(chosen.method, data, cls, "method"))
+        _refuse(cls, name, conflicts(chosen.method, data, cls, "method"))
         return {**chosen.defaults, **data, **chosen.method}
 
 
@@ -122,5 +124,5 @@ def variant_train(method: Any, train: Any) -> Any:
         return train
     given = dict(train or {})
     found = conflicts(chosen.method, method, config, "method")
-    _refuse(name, found + conflicts(chosen.train, given, TrainSettings, "train"))
+    _refuse(config, name, found + conflicts(chosen.train, given, TrainSettings, "train"))
     return {**given, **chosen.train}
