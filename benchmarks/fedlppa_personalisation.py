@@ -38,8 +38,9 @@ from fedseg.engine.sites import load_sites
 from fedseg.methods import TrainSettings, get_method
 
 ARMS: dict[str, tuple[str, dict[str, Any], str]] = {
-    "fedlppa_sgd1": ("fedlppa", {"la_update": "sgd", "la_eta": 1.0}, "weak"),
-    "fedlppa": ("fedlppa", {}, "weak"),
+    # the paper reading's LA step (Adam) against the plain step (variant: paper in both arms)
+    "fedlppa_sgd1": ("fedlppa", {"variant": "paper", "la_update": "sgd", "la_eta": 1.0}, "weak"),
+    "fedlppa": ("fedlppa", {"variant": "paper"}, "weak"),
     "fedavg": ("fedavg", {}, "weak"),
     "lt_weak": ("local", {}, "weak"),
     "lt_full": ("local", {}, "full"),
