@@ -6,6 +6,8 @@ import os
 import platform
 from pathlib import Path
 
+import cv2
+import numpy as np
 import torch
 
 from fedseg.errors import ConfigError
@@ -59,7 +61,8 @@ def _cpu_model() -> str:
 
 def machine(device: torch.device) -> dict[str, str | int]:
     """What a run ran on, for reading its timings: the CPU model and cores, torch's threads,
-    the device (with the GPU's name) and the torch version."""
+    the device (with the GPU's name) and the versions of torch, numpy and OpenCV (the
+    synthetic federations are drawn with the last two)."""
     name = str(device)
     if device.type == "cuda":
         name = f"{device} ({torch.cuda.get_device_name(device)})"
@@ -69,4 +72,6 @@ def machine(device: torch.device) -> dict[str, str | int]:
         "threads": torch.get_num_threads(),
         "device": name,
         "torch": torch.__version__,
+        "numpy": np.__version__,
+        "opencv": cv2.__version__,
     }
