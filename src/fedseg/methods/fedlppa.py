@@ -172,8 +172,8 @@ class FedLPPAConfig(VariantConfig):
     la_skip_rounds: int = Field(50, ge=0)
     """Rounds at the start in which no LA runs (the received decoders are used as they
     are); the authors' code skips LA while its server round ``iter_global`` is at most 50
-    (``paper``: 0). A budget of fewer rounds than the paper's 500 scales it (the FedLPPA
-    evidence configs: 4 of 40)."""
+    (``paper``: 0). Past it fedseg trains from the LA merge (the paper), which with the code's
+    other LA settings keeps each site's own decoders (docs/methods/fedlppa.md)."""
     la_iters: int = Field(2, ge=0)
     """Weight-training steps per round after the first (settling) LA (``la_schedule:
     steps``)."""
