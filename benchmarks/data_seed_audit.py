@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from fedseg.config import parse_config
+from fedseg.config import from_run_dump, parse_config
 from fedseg.engine.runner import InProcessRunner
 
 
@@ -57,7 +57,7 @@ def replay(run: Path, synth_seed: int, scratch: Path) -> dict[str, float]:
     """Round 0 of ``run``'s config (all its settings, the rounds included: a schedule over
     the run's length sets round 0's learning rates) on the federation drawn with
     ``synth_seed``."""
-    raw = yaml.safe_load((run / "config.yaml").read_text())
+    raw = from_run_dump(yaml.safe_load((run / "config.yaml").read_text()))
     synth = dict(raw["data"]["synth"], seed=synth_seed)
     key = hashlib.sha256(json.dumps(synth, sort_keys=True).encode()).hexdigest()[:16]
     raw["data"] = {**raw["data"], "root": str(scratch / "data" / key), "synth": synth}
