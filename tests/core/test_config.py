@@ -129,6 +129,12 @@ def test_switching_the_method_of_a_dumped_config_starts_from_the_new_methods_def
         parse_config(switched).method
         == parse_config({"data": {"root": "d"}, "method": {"name": "fedlppa"}}).method
     )
+    # the dump's train settings at FedAvg's defaults give way to FedLPPA's variant
+    assert parse_config(switched).train.weight_decay == 0.01
+    back = apply_overrides(
+        yaml.safe_load(dump_config(parse_config(switched))), ["method.name=fedavg"]
+    )
+    assert parse_config(back).train.weight_decay == 1e-4
     kept = apply_overrides(dumped({"name": "fedprox", "mu": 0.5}), ["method.name=fedavg"])
     assert kept["method"] == {"name": "fedavg", "mu": 0.5}
     with pytest.raises(ConfigError, match=r"method\.mu: unknown key"):
