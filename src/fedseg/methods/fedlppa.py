@@ -76,30 +76,12 @@ AUTHORS = Variant(
         "lr_schedule": "poly",
         "keep_optimizer_state": False,
     },
-    defaults={"aux_strategy": "similarity_aggregated", "lam": 0.5, "la_skip_rounds": 50},
+    defaults={"la_skip_rounds": 50},
 )
 """``variant: authors`` (the default): llmir/FedLPPA at 6594e1a (``--strategy FedUniV2.1``),
 its defects excepted; the table with the source of each setting is in
-docs/methods/fedlppa.md. The README command's options (``--dual_init``, ``--beta``) and the
-LA warm-up, a number of rounds, are filled in where the config gives none."""
-
-PAPER = Variant(
-    defaults={
-        "aux_source": "main",
-        "affinity_prompts": "uploaded",
-        "restore_ddp_slots": True,
-        "mix_low": 0.7,
-        "aux_pce": True,
-        "la_update": "adam",
-        "la_eta": None,
-        "la_init": "received",
-        "la_schedule": "steps",
-        "la_skip_rounds": 0,
-    }
-)
-"""``variant: paper``: fedseg's reading of the paper's text where it and the authors' code
-differ (docs/methods/fedlppa.md); it fixes nothing, each setting may be given otherwise."""
-
+docs/methods/fedlppa.md. The LA warm-up, a number of rounds, is filled in where the config
+gives none."""
 
 class FedLPPAConfig(VariantConfig):
     """FedLPPA settings; the switches reproduce the paper's ablations (Tables VII-VIII,
@@ -107,10 +89,9 @@ class FedLPPAConfig(VariantConfig):
 
     variant: Literal["authors", "paper"] = "authors"
     """``authors`` (default): the behaviour of the authors' code (docs/methods/fedlppa.md,
-    "variant: authors"), which a conflicting setting may not override; ``paper``: fedseg's
-    reading of the paper's text, as a starting point any setting may change. The defaults
-    below are the authors'."""
-    variants: ClassVar[Mapping[str, Variant]] = {"authors": AUTHORS, "paper": PAPER}
+    "variant: authors"), which a conflicting setting may not override; ``paper``: the
+    settings below as given, whose defaults are fedseg's reading of the paper's text."""
+    variants: ClassVar[Mapping[str, Variant]] = {"authors": AUTHORS}
 
     tdf: bool = True
     """Tri-prompt dual-attention fusion + MLP block (off: plain UNet bottleneck)."""
@@ -124,7 +105,7 @@ class FedLPPAConfig(VariantConfig):
     """Feature enhancement after the fusion convs: none, channel, spatial or dual (Eq. 5)."""
     aux_strategy: AuxStrategy = "similarity_aggregated"
     """How the server builds a site's auxiliary decoder from the uploaded main decoders."""
-    affinity_prompts: Literal["uploaded", "aggregated"] = "aggregated"
+    affinity_prompts: Literal["uploaded", "aggregated"] = "uploaded"
     """DDP slots Eq. 7 compares: ``uploaded``, each site's own slot as the site uploaded it
     (Sec. III-C: the server extracts the DDPs from the clients' local prompts), with the
     averaged UKP; ``aggregated``, the slots after aggregation (the authors' code)."""
@@ -132,48 +113,49 @@ class FedLPPAConfig(VariantConfig):
     """Slot i of the aggregated DDP: ``fedavg``, the sample-weighted average of every upload
     (Eq. 2; only site i trains slot i, so its update is scaled by n_i / n); ``owner``, site
     i's uploaded slot (the average over the sites that trained it)."""
-    aux_source: Literal["main", "aux"] = "aux"
+    aux_source: Literal["main", "aux"] = "main"
     """What the server mixes into site i's aux decoder (Eq. 9): ``main``, the uploaded main
     decoders without their MLP (the paper: Eq. 9 sums the main decoders phi_j, and the aux
     decoder is never uploaded, 2.2564M per round); ``aux``, the uploaded aux decoders (the
     authors' code, which uploads the whole model). See docs/methods/fedlppa.md."""
     aux_include_self: bool = True
     """similarity_aggregated: include a_ii = 1 (Eq. 9 sums over all j)."""
-    restore_ddp_slots: bool = False
+    restore_ddp_slots: bool = True
     """After local training, set the DDP slots other than the site's own back to the
     downloaded values (they get no gradient; only weight decay would move them); ``false``
     uploads them as the optimiser left them (the authors' code)."""
     lam: float = Field(0.5, ge=0)
     """Weight of the pseudo-label Dice term (Eq. 15)."""
-    mix_low: float = Field(0.0, ge=0, le=1)
+    mix_low: float = Field(0.7, ge=0, le=1)
     """Lower bound of lambda_m ~ U(mix_low, mix_high) (Eq. 14)."""
     mix_high: float = Field(1.0, ge=0, le=1)
     """Upper bound of lambda_m."""
-    aux_pce: bool = False
+    aux_pce: bool = True
     """Supervised term: ``(pCE_main + pCE_aux) / 2`` (Eq. 16); ``false``: pCE of the main
     decoder only (the authors' code; the aux decoder then learns from the pseudo labels)."""
-    la_update: Literal["adam", "sgd"] = "sgd"
+    la_update: Literal["adam", "sgd"] = "adam"
     """How the aggregation weights step (Eqs. 12-13): ``adam``, the optimiser the paper uses
     for its learnable parameters (Sec. IV-B), or ``sgd``, the literal plain step of Eq. 12
     (FedALA's and the authors' code)."""
-    la_eta: float | None = Field(1.0, ge=0)
+    la_eta: float | None = Field(None, ge=0)
     """Learning rate of the aggregation weights; ``None`` follows the rule of
     docs/methods/fedlppa.md: the round's ``train`` learning rate (schedule included) with
     ``adam``, 1.0 (FedALA's value) with ``sgd``."""
-    la_init: Literal["received", "own"] = "own"
+    la_init: Literal["received", "own"] = "received"
     """Initial LA weights: all ones, the merge starts at the received decoders (Eqs. 10-11);
     ``own``: all zeros, it starts at the site's own decoders (the authors' code, whose
     all-ones weights multiply the site's difference from the received decoders)."""
-    la_schedule: Literal["steps", "passes"] = "passes"
+    la_schedule: Literal["steps", "passes"] = "steps"
     """``steps``: the first LA runs until its loss settles (at most ``la_max_iters``
     steps), later ones ``la_iters`` steps; ``passes`` (the authors' and FedALA's code): every
     LA is one pass over the site's training batches, the first one passes until the loss of
     a pass settles (at most ``la_max_iters`` passes)."""
-    la_skip_rounds: int = Field(50, ge=0)
+    la_skip_rounds: int = Field(0, ge=0)
     """Rounds at the start in which no LA runs (the received decoders are used as they
     are); the authors' code skips LA while its server round ``iter_global`` is at most 50
-    (``paper``: 0). Past it fedseg trains from the LA merge (the paper), which with the code's
-    other LA settings keeps each site's own decoders (docs/methods/fedlppa.md)."""
+    (``variant: authors`` fills 50 where the config gives none). Past it fedseg trains from
+    the LA merge (the paper), which with the code's other LA settings keeps each site's own
+    decoders (docs/methods/fedlppa.md)."""
     la_iters: int = Field(2, ge=0)
     """Weight-training steps per round after the first (settling) LA (``la_schedule:
     steps``)."""
