@@ -348,10 +348,8 @@ def _rivals(raw: dict[str, Any], parents: list[str]) -> dict[str, str]:
     if parents == ["train"]:
         replaces = TrainSettings.replaces
     elif parents == ["method"] and isinstance(raw.get("method"), dict):
-        try:
-            replaces = get_method(str(raw["method"].get("name"))).Config.replaces
-        except RegistryError:
-            return {}
+        config = _config_class(raw["method"])
+        replaces = config.replaces if config is not None else {}
     else:
         return {}
     return {**replaces, **{v: k for k, v in replaces.items()}}
@@ -378,12 +376,18 @@ def _train_without_defaults(train: dict[str, Any], method: dict[str, Any]) -> di
     return {k: v for k, v in train.items() if k not in dumped or dumped[k] != v}
 
 
+def _config_class(block: dict[str, Any]) -> type[MethodConfig] | None:
+    """The settings class of the ``method:`` block's method (``None`` if unknown)."""
+    try:
+        return get_method(str(block.get("name"))).Config
+    except RegistryError:
+        return None
+
+
 def _has_variants(block: dict[str, Any]) -> bool:
     """Whether the ``method:`` block's method has named variants (``method.variant``)."""
-    try:
-        return "variant" in get_method(str(block.get("name"))).Config.model_fields
-    except RegistryError:
-        return False
+    config = _config_class(block)
+    return config is not None and "variant" in config.model_fields
 
 
 def from_run_dump(raw: dict[str, Any]) -> dict[str, Any]:
