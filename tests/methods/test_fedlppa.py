@@ -214,6 +214,27 @@ def test_la_weights_one_give_the_global_decoder_zero_the_local_one(w):
         torch.testing.assert_close(res.state["decoders"][k], want[k])
 
 
+def test_la_merge_eval_trains_from_the_received_decoders_and_evaluates_the_merge():
+    spec, sites = toy_federation(2, size=32)
+    method = _method(spec, la_eta=0.0, la_merge="eval")
+    model = method.build_model()
+    payload = method.init_server(model).payloads["site1"]
+    state = method.init_client(model, spec.sites[1])
+    prev = {k: v + 0.05 for k, v in state["decoders"].items()}
+    weights = {k: torch.zeros_like(v) for k, v in state["la"].items()}  # the merge: prev
+    state = {"decoders": prev, "la": weights, "la_started": True}
+    settings = FAST.model_copy(update={"local_iters": 0})
+    _, res = _step(method, sites, payload, state, settings)
+    assert res.metrics["la_steps"] > 0  # LA ran, and its merge did not reach training
+    for k in ("decoder.ups.1.conv.0.weight", "mlp.net.0.weight", "decoder.head.bias"):
+        torch.testing.assert_close(res.upload.tensors[k], payload.tensors[k])
+    ctx = client_context(sites["site1"], spec, settings, round_index=1, seed=0, model=model,
+                         device=torch.device("cpu"))  # fmt: skip
+    evaluated = method.eval_model(payload, {**res.state, "decoders": prev}, ctx).state_dict()
+    for k in ("decoder.ups.1.conv.0.weight", "decoder.head.bias"):
+        torch.testing.assert_close(evaluated[k], prev[k])
+
+
 def test_upload_holds_only_the_declared_keys_and_other_ddp_slots_are_untouched():
     spec, sites = toy_federation(3, size=32)
     method = _method(spec)

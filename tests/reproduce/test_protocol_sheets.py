@@ -122,6 +122,27 @@ def test_codebook_clusters_and_weights_are_measured_from_rounds_jsonl(tmp_path):
     assert "a site at weight < 0.001 in 2 of 2 second-half rounds" in got["W"].text
 
 
+def test_learnable_aggregation_that_never_steps_is_inert(tmp_path):
+    def rounds(first_la: int) -> list[dict]:
+        return [
+            {"round": r, "clients": {"A": {"loss": 0.1}, "B": {"la_steps": 3.0 * (r >= first_la)}}}
+            for r in range(4)
+        ]
+
+    la = Mechanism(id="la", what="LA", rows=("S", "T"), measure="la_rounds", inert_below=1)
+    cfg = {"method": {"la_skip_rounds": 50}}
+    got = measure(
+        la,
+        {
+            "S": ([_run(tmp_path / "s", rounds(9))], [cfg]),
+            "T": ([_run(tmp_path / "t0", rounds(1)), _run(tmp_path / "t1", rounds(2))], [cfg] * 2),
+        },
+    )
+    assert got["S"].text == "LA acted in 0 of 4 rounds (mean over seeds); warm-up 50 rounds"
+    assert got["T"].value == pytest.approx(2.5)
+    assert list(inert(la, got)) == ["S"]
+
+
 def test_the_bottleneck_of_a_3d_synergynet_at_the_cpu_size_is_inert():
     cfg = {"data": {"synth": {"task": "pancreas3d", "size": 32}}, "model": {"widths": [1] * 5}}
     m = Mechanism(id="b", what="tokens", rows=("S",), measure="bottleneck_side", inert_below=8)

@@ -156,6 +156,11 @@ class FedLPPAConfig(VariantConfig):
     (``variant: authors`` fills 50 where the config gives none). Past it fedseg trains from
     the LA merge (the paper), which with the code's other LA settings keeps each site's own
     decoders (docs/methods/fedlppa.md)."""
+    la_merge: Literal["train", "eval"] = "train"
+    """What the LA merge is used for: ``train``, the site trains its round from the merged
+    decoders (Alg. 1) and evaluates them; ``eval``, the site trains from the received
+    decoders and the merge is its evaluation model only (what the authors' code does, by a
+    defect: the next load overwrites the merge; docs/methods/fedlppa.md)."""
     la_iters: int = Field(2, ge=0)
     """Weight-training steps per round after the first (settling) LA (``la_schedule:
     steps``)."""
@@ -422,6 +427,8 @@ class FedLPPA(Method):
             metrics |= la_statistics(state["decoders"], payload.tensors, res.weights)
             new_state = {"la": res.weights, "la_started": not first or not res.skipped}
             log.clear()
+            if c.la_merge == "eval":
+                model.load_state_dict(payload.tensors)
         metrics |= train_steps(model, ctx, loss_fn=loss)
         metrics |= {k: v / log["n"] for k, v in log.items() if k != "n"}
         if c.restore_ddp_slots:

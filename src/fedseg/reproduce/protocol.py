@@ -282,12 +282,33 @@ def _aux_weights(runs: Sequence[Path], configs: Sequence[Mapping[str, Any]]) -> 
     return Measurement(value, text)
 
 
+def _la_rounds(runs: Sequence[Path], configs: Sequence[Mapping[str, Any]]) -> Measurement:
+    """Rounds in which FedLPPA's learnable aggregation (LA) took a step at any site, mean
+    over seeds, beside the rounds run and the warm-up the config sets (``la_skip_rounds``)."""
+    acted, total = [], []
+    for run in runs:
+        records = _records(run)
+        total.append(len(records))
+        acted.append(
+            sum(any(c.get("la_steps", 0) > 0 for c in r["clients"].values()) for r in records)
+        )
+    if not total:
+        return Measurement(math.nan, "no rounds recorded")
+    value = statistics.fmean(acted)
+    skip = {(c.get("method") or {}).get("la_skip_rounds") for c in configs} - {None}
+    warm = f"; warm-up {', '.join(map(str, sorted(skip)))} rounds" if skip else ""
+    return Measurement(
+        value, f"LA acted in {value:g} of {statistics.fmean(total):g} rounds (mean over seeds){warm}"
+    )
+
+
 MEASURES: dict[str, Callable[[Sequence[Path], Sequence[Mapping[str, Any]]], Measurement]] = {
     "vq_live_codes": _live_codes,
     "bottleneck_side": _bottleneck,
     "finch_clusters": _clusters,
     "aaw_weights": _aaw,
     "aux_weights": _aux_weights,
+    "la_rounds": _la_rounds,
 }
 """Measurement name -> function of a row's kept run folders and resolved configs."""
 
