@@ -83,6 +83,7 @@ its defects excepted; the table with the source of each setting is in
 docs/methods/fedlppa.md. The LA warm-up, a number of rounds, is filled in where the config
 gives none."""
 
+
 class FedLPPAConfig(VariantConfig):
     """FedLPPA settings; the switches reproduce the paper's ablations (Tables VII-VIII,
     Figs. 8-9)."""

@@ -297,9 +297,8 @@ def _la_rounds(runs: Sequence[Path], configs: Sequence[Mapping[str, Any]]) -> Me
     value = statistics.fmean(acted)
     skip = {(c.get("method") or {}).get("la_skip_rounds") for c in configs} - {None}
     warm = f"; warm-up {', '.join(map(str, sorted(skip)))} rounds" if skip else ""
-    return Measurement(
-        value, f"LA acted in {value:g} of {statistics.fmean(total):g} rounds (mean over seeds){warm}"
-    )
+    rounds = statistics.fmean(total)
+    return Measurement(value, f"LA acted in {value:g} of {rounds:g} rounds (mean over seeds){warm}")
 
 
 MEASURES: dict[str, Callable[[Sequence[Path], Sequence[Mapping[str, Any]]], Measurement]] = {
