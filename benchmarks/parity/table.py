@@ -33,12 +33,20 @@ PAPER_READING = "archive/fedlppa-table3-variant-paper/fedlppa-table3/runs/fedlpp
 
 TABLES: dict[str, dict[str, dict[str, str]]] = {
     "fedlppa-table3": {
-        "FedAvg": {"authors": f"{RUNS}/authors-FedAvg", "fedseg": "fedlppa-table3/runs/fedavg"},
+        "FedAvg": {
+            "authors": f"{RUNS}/authors-FedAvg",
+            "fedseg": "fedlppa-table3/runs/fedavg",
+            "fedseg, the code's weight decay 0.01": f"{RUNS}/fedseg-wd-FedAvg",
+        },
         "FedProx": {
             "authors": f"{RUNS}/authors-FedProx",
             "fedseg": "fedlppa-table3/runs/fedprox",
         },
-        "FedBN": {"authors": f"{RUNS}/authors-FedBN", "fedseg": "fedlppa-table3/runs/fedbn"},
+        "FedBN": {
+            "authors": f"{RUNS}/authors-FedBN",
+            "fedseg": "fedlppa-table3/runs/fedbn",
+            "fedseg, the code's weight decay 0.01": f"{RUNS}/fedseg-wd-FedBN",
+        },
         "FedRep": {
             "authors": f"{RUNS}/authors-FedRep",
             "fedseg": "fedlppa-table3/runs/fedrep",
