@@ -154,9 +154,10 @@ class FedLPPAConfig(VariantConfig):
     la_skip_rounds: int = Field(0, ge=0)
     """Rounds at the start in which no LA runs (the received decoders are used as they
     are); the authors' code skips LA while its server round ``iter_global`` is at most 50
-    (``variant: authors`` fills 50 where the config gives none). Past it fedseg trains from
-    the LA merge (the paper), which with the code's other LA settings keeps each site's own
-    decoders (docs/methods/fedlppa.md)."""
+    (``variant: authors`` fills 50 where the config gives none). Past it the site trains from
+    the LA merge (``la_merge: train``, the paper), which with the code's other LA settings
+    keeps each site's own decoders; ``la_merge: eval`` is the code's use
+    (docs/methods/fedlppa.md)."""
     la_merge: Literal["train", "eval"] = "train"
     """What the LA merge is used for: ``train``, the site trains its round from the merged
     decoders (Alg. 1) and evaluates them; ``eval``, the site trains from the received
