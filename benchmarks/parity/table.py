@@ -30,31 +30,41 @@ SEEDS = 3
 RUNS = "parity/fedlppa-table3/runs"
 PAPER_READING = "archive/fedlppa-table3-variant-paper/fedlppa-table3/runs/fedlppa"
 """FedLPPA's Table III row as fedseg read the paper (its default until 2026-12-03)."""
+WD_1E4 = "archive/fedlppa-table3-wd1e-4/runs"
+"""Table III's baselines at fedseg's weight decay 1e-4 (until 2026-12-03; the table's rows
+train at the code's 1e-2 since)."""
+OLD_WD = "fedseg, weight decay 1e-4"
 
 TABLES: dict[str, dict[str, dict[str, str]]] = {
     "fedlppa-table3": {
         "FedAvg": {
             "authors": f"{RUNS}/authors-FedAvg",
             "fedseg": "fedlppa-table3/runs/fedavg",
-            "fedseg, the code's weight decay 0.01": f"{RUNS}/fedseg-wd-FedAvg",
+            OLD_WD: f"{WD_1E4}/fedavg",
         },
         "FedProx": {
             "authors": f"{RUNS}/authors-FedProx",
             "fedseg": "fedlppa-table3/runs/fedprox",
+            OLD_WD: f"{WD_1E4}/fedprox",
         },
         "FedBN": {
             "authors": f"{RUNS}/authors-FedBN",
             "fedseg": "fedlppa-table3/runs/fedbn",
-            "fedseg, the code's weight decay 0.01": f"{RUNS}/fedseg-wd-FedBN",
+            OLD_WD: f"{WD_1E4}/fedbn",
         },
         "FedRep": {
             "authors": f"{RUNS}/authors-FedRep",
             "fedseg": "fedlppa-table3/runs/fedrep",
+            OLD_WD: f"{WD_1E4}/fedrep",
             "fedseg, the code's FedRep settings": f"{RUNS}/fedseg-port-FedRep",
             "fedseg, its 8 + 2 split only": f"{RUNS}/fedseg-split-FedRep",
             "fedseg, SGD only": f"{RUNS}/fedseg-sgd-FedRep",
         },
-        "FedALA": {"authors": f"{RUNS}/authors-FedALA", "fedseg": "fedlppa-table3/runs/fedala"},
+        "FedALA": {
+            "authors": f"{RUNS}/authors-FedALA",
+            "fedseg": "fedlppa-table3/runs/fedala",
+            OLD_WD: f"{WD_1E4}/fedala",
+        },
         "FedLPPA": {
             "authors": f"{RUNS}/authors-FedUniV2.1",
             "fedseg authors": f"{RUNS}/fedseg-authors-FedLPPA",
