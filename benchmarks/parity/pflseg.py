@@ -39,6 +39,7 @@ from common import (
     run_logged,
     write_case_map,
     write_round_pick,
+    write_selections,
 )
 
 from fedseg.data import FederatedDataset
@@ -75,32 +76,73 @@ def write_layout(fed_root: Path, data: Path) -> None:
     write_case_map(data, mapping)
 
 
+def _captures(capture: Path, evaluations: int) -> dict[int, dict[int, Path]]:
+    """The capture files by evaluation (from 0) and site; every site in every evaluation."""
+    files: dict[int, dict[int, Path]] = {}
+    for f in capture.glob("site*_round*.npz"):
+        if m := CAPTURE.fullmatch(f.name):
+            files.setdefault(int(m[2]), {})[int(m[1])] = f
+    if sorted(files) != list(range(evaluations)) or any(len(v) != SITES for v in files.values()):
+        raise SystemExit(f"{capture}: not every site evaluated {evaluations} times")
+    return files
+
+
+def _preds(files: dict[int, Path], data: Path) -> dict[str, dict[str, np.ndarray]]:
+    preds: dict[str, dict[str, np.ndarray]] = {}
+    case_map = read_case_map(data)
+    for f in files.values():
+        add_predictions(preds, f, case_map)
+    return preds
+
+
+def _jaccard(f: Path) -> float:
+    return float(np.load(f)["jaccard"])
+
+
 def read_captures(
     capture: Path, data: Path, rounds: int
 ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, dict[str, np.ndarray]], int]:
     """The last round's and its best round's predictions and the best round (0-based;
     its rule: the first round whose mean over sites of mean test Jaccard is highest)."""
-    files: dict[int, dict[int, Path]] = {}
-    for f in capture.glob("site*_round*.npz"):
-        if m := CAPTURE.fullmatch(f.name):
-            files.setdefault(int(m[2]), {})[int(m[1])] = f
-    if sorted(files) != list(range(rounds)) or any(len(v) != SITES for v in files.values()):
-        raise SystemExit(f"{capture}: not every site evaluated in rounds 0 to {rounds - 1}")
-    overall = {
-        r: np.mean([float(np.load(f)["jaccard"]) for f in v.values()]) for r, v in files.items()
-    }
+    files = _captures(capture, rounds)
+    overall = {r: np.mean([_jaccard(f) for f in v.values()]) for r, v in files.items()}
     best, top = 0, 0.0
     for r in sorted(overall):  # `overall_score > best_score`, best_score starting at 0
         if overall[r] > top:
             best, top = r, overall[r]
-    case_map = read_case_map(data)
-    out = []
-    for r in (rounds - 1, best):
-        preds: dict[str, dict[str, np.ndarray]] = {}
-        for f in files[r].values():
-            add_predictions(preds, f, case_map)
-        out.append(preds)
-    return out[0], out[1], best
+    return _preds(files[rounds - 1], data), _preds(files[best], data), best
+
+
+def read_ft_captures(
+    capture: Path, data: Path, epochs: int
+) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, dict[str, np.ndarray]], list[int]]:
+    """``train_ft.py``'s last epoch's predictions, its own per-site picks and the picked
+    epochs (0: the starting model, which it scores first; its rule: per site, the first
+    epoch whose mean test Jaccard beats every earlier one, the start included)."""
+    files = _captures(capture, epochs + 1)
+    picks = []
+    for k in range(SITES):
+        best = 0
+        for e in range(1, epochs + 1):  # `score > best_score[site_index]`
+            if _jaccard(files[e][k]) > _jaccard(files[best][k]):
+                best = e
+        picks.append(best)
+    picked = {k: files[e][k] for k, e in enumerate(picks)}
+    return _preds(files[epochs], data), _preds(picked, data), picks
+
+
+def start_fine_tuning(code: Path, capture: Path, fl: str, seed: int) -> str:
+    """Put the last round's models (the shim's ``site{k}_last.pth``) where ``train_ft.py
+    --load_weight`` reads them (its ``Site{k}_best.pth``, kept as ``Site{k}_its_best.pth``)
+    and return the run name to load."""
+    runs = list((code / "logs" / "polyp").glob(f"{fl}_*_pvtb0_fpn_s{seed}"))
+    if len(runs) != 1:
+        raise SystemExit(f"{code}/logs/polyp: expected one {fl} run of seed {seed}, got {runs}")
+    for k in range(SITES):
+        best = runs[0] / "model" / f"Site{k + 1}_best.pth"
+        best.rename(best.with_name(f"Site{k + 1}_its_best.pth"))
+        shutil.copy(capture / f"site{k}_last.pth", best)
+    return runs[0].name
 
 
 def main() -> None:
@@ -108,10 +150,26 @@ def main() -> None:
     ap.add_argument("--fl", choices=sorted(FL), required=True)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--batch", type=int, default=8, help="its --batch_size (default 8)")
+    ap.add_argument(
+        "--ft-epochs",
+        type=int,
+        default=0,
+        help="ours_q: then FedDP's IGC fine-tuning, train_ft.py --fl ours_q_bd_ft, this many "
+        "epochs from the last round's models",
+    )
+    ap.add_argument("--ft-lr", type=float, default=1e-4, help="its --base_lr for train_ft.py")
+    ap.add_argument("--lamb", type=float, default=1.0, help="its --lamb (IGC weight), train_ft.py")
     args = ap.parse_args()
+    if args.ft_epochs and args.fl != "ours_q":
+        raise SystemExit(f"--ft-epochs: fine-tuning is FedDP's (--fl ours_q), not {args.fl}'s")
+    method: dict[str, object] = {"name": FL[args.fl]}
+    if args.fl == "ours_q":
+        method["ft_epochs"] = args.ft_epochs
+        if args.ft_epochs:
+            method |= {"ft_lr": args.ft_lr, "igc_lambda": args.lamb, "ft_epoch_iters": 38}
     cfg = arm_config(
-        f"parity-pflseg-{args.fl}",
-        {"name": FL[args.fl]},
+        f"parity-pflseg-{args.fl}" + (f"-ft{args.ft_epochs}" if args.ft_epochs else ""),
+        method,
         args.data,
         labels="full",
         seed=args.seed,
@@ -131,23 +189,56 @@ def main() -> None:
     )
     subprocess.run([args.python, "-c", weights], cwd=code, env=env, check=True)
     shutil.copy(code / "weights" / "pvt_v2_b0.pth", work / "pvt_v2_b0.pth")
-    cmd = [
-        "--fl", args.fl, "--net", "pvtb0_fpn", "--dataset", "polyp", "--ver", f"s{args.seed}",
-        "--max_epoch", str(args.rounds), "--base_lr", str(args.lr), "--seed", str(args.seed),
-        "--batch_size", str(args.batch),
-        "--gpu", "0", *args.extra,
-    ]  # fmt: skip
+    common = ["--net", "pvtb0_fpn", "--dataset", "polyp", "--ver", f"s{args.seed}",
+              "--seed", str(args.seed), "--batch_size", str(args.batch), "--gpu", "0"]  # fmt: skip
+    cmd = ["--fl", args.fl, "--max_epoch", str(args.rounds), "--base_lr", str(args.lr), *common]
+    cmd += args.extra
     argv = [args.python, "scripts/train_fed.py", *cmd]
     wall = run_logged(argv, code, env, work / "train_fed.out", args.timeout)
     initial = str((work / "pvt_v2_b0.pth").resolve())
-    write_round_pick(
-        args,
-        read_captures(capture, data, args.rounds),
+    provenance = CODE.provenance("scripts/train_fed.py", cmd, initial_weights=initial)
+    if not args.ft_epochs:
+        write_round_pick(
+            args,
+            read_captures(capture, data, args.rounds),
+            cfg,
+            provenance,
+            "its best round on test: the first best mean over sites of its test Jaccard",
+            wall,
+        )
+        return
+    loaded = start_fine_tuning(code, capture, args.fl, args.seed)
+    ft_capture = (work / "capture_ft").resolve()
+    shutil.rmtree(ft_capture, ignore_errors=True)
+    ft_cmd = ["--fl", "ours_q_bd_ft", "--load_weight", loaded, "--lamb", str(args.lamb),
+              "--max_epoch", str(args.ft_epochs), "--base_lr", str(args.ft_lr),
+              *common]  # fmt: skip
+    ft_env = {**env, "FEDSEG_PARITY_CAPTURE": str(ft_capture)}
+    ft_wall = run_logged(
+        [args.python, "scripts/train_ft.py", *ft_cmd], code, ft_env, work / "train_ft.out",
+        args.timeout,
+    )  # fmt: skip
+    last, picked, epochs = read_ft_captures(ft_capture, data, args.ft_epochs)
+    fine_tuning = {
+        "script": "scripts/train_ft.py",
+        "arguments": ft_cmd,
+        "start": "the last round's models (its own: the round it ranks best on test)",
+    }
+    write_selections(
+        args.out,
+        args.data,
+        last,
+        picked,
         cfg,
-        CODE.provenance("scripts/train_fed.py", cmd, initial_weights=initial),
-        "its best round on test: the first best mean over sites of its test Jaccard",
-        wall,
+        {**provenance, "fine_tuning": fine_tuning},
+        rule="its best fine-tuning epoch on test, per site (the start included: epoch 0)",
+        measured={
+            "wall_s": round(wall + ft_wall, 1),
+            "ft_wall_s": round(ft_wall, 1),
+            "ft_chosen_epochs": epochs,
+        },
     )
+    print(f"{args.out}: {wall:.0f} s + {ft_wall:.0f} s fine-tuning; its picks: epochs {epochs}")
 
 
 if __name__ == "__main__":

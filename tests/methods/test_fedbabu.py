@@ -81,6 +81,21 @@ def test_fine_tuning_steps_are_epochs_over_the_site_data():
     assert calls == [(9, "constant")]
 
 
+def test_fine_tuning_epochs_of_a_fixed_step_count():
+    sim = _sim(ft_epochs=2, ft_epoch_iters=5)  # FedDP's code: a 300-draw epoch, any site size
+    sim.round(0)
+    calls = []
+    original = sim.method.local_train
+
+    def spy(model, ctx, **kw):
+        calls.append(kw["iters"])
+        return original(model, ctx, **kw)
+
+    sim.method.local_train = spy
+    sim.eval_model("site1")
+    assert calls == [10]
+
+
 def test_communication_excludes_the_head():
     parts = get_method("fedbabu").partition.resolve(UNet(1, 2))
     assert parts.params() == {"total": 1_813_474, "upload": 1_813_184, "download": 1_813_184}
@@ -90,3 +105,5 @@ def test_communication_excludes_the_head():
 def test_bad_setting_is_named():
     with pytest.raises(ValueError, match="ft_epochs"):
         get_method("fedbabu").Config(ft_epochs=-1)
+    with pytest.raises(ValueError, match="ft_epoch_iters"):
+        get_method("fedbabu").Config(ft_epoch_iters=0)

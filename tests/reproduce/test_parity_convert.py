@@ -207,3 +207,49 @@ def test_pflseg_arrays_and_captures(tmp_path: Path) -> None:
     assert res["average"]["dsc"] == {"polyp": 0.0}
     best_res = json.loads((tmp_path / "run" / common.BEST / "results.json").read_text())
     assert best_res["average"]["dsc"] == {"polyp": 1.0}
+
+
+def test_pflseg_fine_tuning_picks_per_site_and_starts_from_the_last_round(tmp_path: Path) -> None:
+    root = common.synth_federation(
+        tmp_path / "polyp", "polyp", sites=4, size=32, train=1, test=2, seed=0
+    )
+    fed = FederatedDataset.open(root)
+    data = tmp_path / "data"
+    pflseg.write_layout(root, data)
+    cap = tmp_path / "capture_ft"
+    cap.mkdir()
+    # evaluation 0 is the starting model; site k's Jaccard peaks at evaluation k (ties keep
+    # the first), so sites 0-2 pick 0, 1, 2 and site 3, flat, keeps the start
+    jaccards = {0: [0.5, 0.4, 0.4], 1: [0.3, 0.6, 0.6], 2: [0.1, 0.2, 0.3], 3: [0.5, 0.5, 0.5]}
+    for k, site in enumerate(fed.manifest.sites):
+        test = fed.load(site.name, "test", "full")
+        names = [f"polyp/Site{k + 1}/test/image/{c}.npy" for c in test.ids]
+        masks = test.masks.numpy().astype(np.uint8)
+        for e, jac in enumerate(jaccards[k]):
+            p = masks if e == 2 else np.zeros_like(masks)  # the last epoch right everywhere
+            np.savez_compressed(cap / f"site{k}_round{e:04d}.npz", names=np.array(names), preds=p,
+                                jaccard=np.float64(jac))  # fmt: skip
+    last, picked, epochs = pflseg.read_ft_captures(cap, data, 2)
+    assert epochs == [0, 1, 2, 0]
+    cfg = common.arm_config("p", {"name": "feddp"}, root, labels="full", seed=0, train={})
+    res = common.write_selections(
+        tmp_path / "run", root, last, picked, cfg, {"repository": "r"}, rule="r", measured={}
+    )
+    assert res["average"]["dsc"] == {"polyp": 1.0}
+    picked_res = json.loads((tmp_path / "run" / common.BEST / "results.json").read_text())
+    names = [site.name for site in fed.manifest.sites]
+    assert picked_res["sites"][names[2]]["dsc"]["polyp"] == 1.0
+    assert picked_res["sites"][names[0]]["dsc"]["polyp"] < 1.0
+    with pytest.raises(SystemExit, match="evaluated 4 times"):
+        pflseg.read_ft_captures(cap, data, 3)
+    # the fine-tuning step loads the last round's weights under its Site{k}_best.pth name
+    code, last_cap = tmp_path / "code", tmp_path / "capture"
+    model = code / "logs" / "polyp" / "ours_q_0_pvtb0_fpn_s0" / "model"
+    model.mkdir(parents=True)
+    last_cap.mkdir()
+    for k in range(4):
+        (model / f"Site{k + 1}_best.pth").write_bytes(b"its best round")
+        (last_cap / f"site{k}_last.pth").write_bytes(b"the last round")
+    assert pflseg.start_fine_tuning(code, last_cap, "ours_q", 0) == "ours_q_0_pvtb0_fpn_s0"
+    assert (model / "Site4_best.pth").read_bytes() == b"the last round"
+    assert (model / "Site4_its_best.pth").read_bytes() == b"its best round"

@@ -48,6 +48,7 @@ AUTHORS = Variant(
         "igc_lambda": 1.0,
         "ft_lr": 1e-4,
         "ft_scope": "all",
+        "ft_epoch_iters": 38,
     },
     train={
         "optimizer": "adam",

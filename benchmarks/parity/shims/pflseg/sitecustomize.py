@@ -17,8 +17,10 @@ training process by ``benchmarks/parity/pflseg.py`` through ``PYTHONPATH`` (Pyth
    that each test image's mask is recorded as its tester thresholds it
    (``net(x)[0, 0] > 0.5``; before its 1-pixel guard for empty predictions), saved with
    the globbed file names (its order) and its mean Jaccard to
-   ``$FEDSEG_PARITY_CAPTURE/site{k}_round{r:04d}.npz``. The wrapper returns the model's own
-   outputs and the function's own scores.
+   ``$FEDSEG_PARITY_CAPTURE/site{k}_round{r:04d}.npz``, and the model's weights to
+   ``site{k}_last.pth`` (overwritten: the last evaluated model, from which the driver starts
+   ``train_ft.py``). The wrapper returns the model's own outputs and the function's own
+   scores.
 """
 
 from __future__ import annotations
@@ -108,6 +110,7 @@ def _patch(module: types.ModuleType) -> None:
             preds=np.stack(rec.preds),
             jaccard=np.float64(np.mean(scores[0])),
         )
+        torch.save(test_net.state_dict(), Path(CAPTURE) / f"site{site_index}_last.pth")
         return scores
 
     module.eval_container = eval_container
