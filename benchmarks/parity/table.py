@@ -30,6 +30,9 @@ SEEDS = 3
 RUNS = "parity/fedlppa-table3/runs"
 PAPER_READING = "archive/fedlppa-table3-variant-paper/fedlppa-table3/runs/fedlppa"
 """FedLPPA's Table III row as fedseg read the paper (its default until 2026-12-03)."""
+BCS = "parity/fedbcs-table1-nuclei/runs"
+"""FedBCS with (``--arch fsr``) and without FSR (``--arch unet``) on Table 1's nuclei federation;
+the ``fedseg paper`` arms are the evidence rows (FedBCS's default, ``variant: paper``)."""
 WD_1E4 = "archive/fedlppa-table3-wd1e-4/runs"
 """Table III's baselines at fedseg's weight decay 1e-4 (until 2026-12-03; the table's rows
 train at the code's 1e-2 since)."""
@@ -71,11 +74,24 @@ TABLES: dict[str, dict[str, dict[str, str]]] = {
             "fedseg paper": PAPER_READING,
         },
     },
+    "fedbcs-table1-nuclei": {
+        "FedBCS": {
+            "authors": f"{BCS}/authors-fsr",
+            "fedseg authors": f"{BCS}/fedseg-authors-fsr",
+            "fedseg paper": "fedbcs-table1-nuclei/runs/fedbcs",
+        },
+        "FedBCS without FSR": {
+            "authors": f"{BCS}/authors-unet",
+            "fedseg authors": f"{BCS}/fedseg-authors-unet",
+            "fedseg paper": "fedbcs-table2-nuclei/runs/cdpa",
+        },
+    },
 }
 """Per table, per method: arm name -> folder (under docs/evidence) holding ``seed<k>``."""
 
 BUDGETS: dict[str, dict[str, object]] = {
     "fedlppa-table3": {"rounds": 40, "local_iters": 10, "batch_size": 10, "lr": 0.01},
+    "fedbcs-table1-nuclei": {"rounds": 104, "local_epochs": 1, "batch_size": 6, "lr": 0.01},
 }
 """Per table, the ``train`` settings every arm's runs must have (one budget for both sides):
 a run of another budget (e.g. a kept evidence run not yet rerun) is left out."""
