@@ -66,8 +66,15 @@ def test_no_fine_tuning_evaluates_the_federated_model_and_head_scope_tunes_only_
     assert changed == HEAD
 
 
-def test_fine_tuning_steps_are_epochs_over_the_site_data():
-    sim = _sim(ft_epochs=3)
+@pytest.mark.parametrize(
+    ("settings", "steps"),
+    [
+        ({"ft_epochs": 3}, 9),  # site1: 10 training samples, batch 4 -> 3 batches per pass
+        ({"ft_epochs": 2, "ft_epoch_iters": 5}, 10),  # FedDP's code: 300 draws, any site size
+    ],
+)
+def test_fine_tuning_steps_are_epochs_of_passes_or_of_a_fixed_step_count(settings, steps):
+    sim = _sim(**settings)
     sim.round(0)
     calls = []
     original = sim.method.local_train
@@ -77,23 +84,8 @@ def test_fine_tuning_steps_are_epochs_over_the_site_data():
         return original(model, ctx, **kw)
 
     sim.method.local_train = spy
-    sim.eval_model("site1")  # 10 training samples, batch 4 -> 3 batches per pass
-    assert calls == [(9, "constant")]
-
-
-def test_fine_tuning_epochs_of_a_fixed_step_count():
-    sim = _sim(ft_epochs=2, ft_epoch_iters=5)  # FedDP's code: a 300-draw epoch, any site size
-    sim.round(0)
-    calls = []
-    original = sim.method.local_train
-
-    def spy(model, ctx, **kw):
-        calls.append(kw["iters"])
-        return original(model, ctx, **kw)
-
-    sim.method.local_train = spy
     sim.eval_model("site1")
-    assert calls == [10]
+    assert calls == [(steps, "constant")]
 
 
 def test_communication_excludes_the_head():

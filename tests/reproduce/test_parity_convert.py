@@ -173,13 +173,18 @@ def test_fedbcs_lists_and_captures(tmp_path: Path) -> None:
         fedbcs.read_captures(cap, data, 4)
 
 
-def test_pflseg_arrays_and_captures(tmp_path: Path) -> None:
+def _pflseg_layout(tmp_path: Path) -> tuple[Path, FederatedDataset, Path]:
+    """A 4-site polyp federation and its PFL-Seg-Trans layout."""
     root = common.synth_federation(
         tmp_path / "polyp", "polyp", sites=4, size=32, train=1, test=2, seed=0
     )
-    fed = FederatedDataset.open(root)
     data = tmp_path / "data"
     pflseg.write_layout(root, data)
+    return root, FederatedDataset.open(root), data
+
+
+def test_pflseg_arrays_and_captures(tmp_path: Path) -> None:
+    root, fed, data = _pflseg_layout(tmp_path)
     cap = tmp_path / "capture"
     cap.mkdir()
     for k, site in enumerate(fed.manifest.sites):
@@ -210,12 +215,7 @@ def test_pflseg_arrays_and_captures(tmp_path: Path) -> None:
 
 
 def test_pflseg_fine_tuning_picks_per_site_and_starts_from_the_last_round(tmp_path: Path) -> None:
-    root = common.synth_federation(
-        tmp_path / "polyp", "polyp", sites=4, size=32, train=1, test=2, seed=0
-    )
-    fed = FederatedDataset.open(root)
-    data = tmp_path / "data"
-    pflseg.write_layout(root, data)
+    root, fed, data = _pflseg_layout(tmp_path)
     cap = tmp_path / "capture_ft"
     cap.mkdir()
     # evaluation 0 is the starting model; site k's Jaccard peaks at evaluation k (ties keep
