@@ -50,6 +50,8 @@ FL = {"fedavg": "fedavg", "fedrep": "fedrep", "fedbabu": "fedbabu", "ours_q": "f
 fine-tuning step ``train_ft.py``, which this driver does not run)."""
 CAPTURE = re.compile(r"site(\d+)_round(\d+)\.npz")
 SITES = 4
+DRAWS = 300
+"""Its ``Dataset.__len__``: an epoch (a round, a fine-tuning epoch) is 300 draws a site."""
 
 
 def write_layout(fed_root: Path, data: Path) -> None:
@@ -122,9 +124,10 @@ def read_ft_captures(
     files = _captures(capture, epochs + 1)
     picks = []
     for k in range(SITES):
+        scores = [_jaccard(files[e][k]) for e in range(epochs + 1)]
         best = 0
         for e in range(1, epochs + 1):  # `score > best_score[site_index]`
-            if _jaccard(files[e][k]) > _jaccard(files[best][k]):
+            if scores[e] > scores[best]:
                 best = e
         picks.append(best)
     picked = {k: files[e][k] for k, e in enumerate(picks)}
@@ -166,7 +169,8 @@ def main() -> None:
     if args.fl == "ours_q":
         method["ft_epochs"] = args.ft_epochs
         if args.ft_epochs:
-            method |= {"ft_lr": args.ft_lr, "igc_lambda": args.lamb, "ft_epoch_iters": 38}
+            steps = -(-DRAWS // args.batch)
+            method |= {"ft_lr": args.ft_lr, "igc_lambda": args.lamb, "ft_epoch_iters": steps}
     cfg = arm_config(
         f"parity-pflseg-{args.fl}" + (f"-ft{args.ft_epochs}" if args.ft_epochs else ""),
         method,
@@ -182,6 +186,8 @@ def main() -> None:
     write_layout(args.data, data)
     shutil.rmtree(capture, ignore_errors=True)
     env = parity_env("pflseg", FEDSEG_PARITY_DATA=str(data), FEDSEG_PARITY_CAPTURE=str(capture))
+    if args.ft_epochs:
+        env["FEDSEG_PARITY_KEEP_LAST"] = "1"
     (code / "weights").mkdir(exist_ok=True)
     weights = (
         f"import torch; torch.manual_seed({args.seed}); from networks.FPN.pvtv2 import pvt_v2_b0; "

@@ -17,10 +17,10 @@ training process by ``benchmarks/parity/pflseg.py`` through ``PYTHONPATH`` (Pyth
    that each test image's mask is recorded as its tester thresholds it
    (``net(x)[0, 0] > 0.5``; before its 1-pixel guard for empty predictions), saved with
    the globbed file names (its order) and its mean Jaccard to
-   ``$FEDSEG_PARITY_CAPTURE/site{k}_round{r:04d}.npz``, and the model's weights to
-   ``site{k}_last.pth`` (overwritten: the last evaluated model, from which the driver starts
-   ``train_ft.py``). The wrapper returns the model's own outputs and the function's own
-   scores.
+   ``$FEDSEG_PARITY_CAPTURE/site{k}_round{r:04d}.npz``; with ``$FEDSEG_PARITY_KEEP_LAST``
+   (the driver's ``--ft-epochs``) also the model's weights to ``site{k}_last.pth``
+   (overwritten: the last evaluated model, from which the driver starts ``train_ft.py``).
+   The wrapper returns the model's own outputs and the function's own scores.
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ torch.load = lambda *a, **k: _load(*a, **{"map_location": "cpu", **k})
 PREFIX = "/raid/wjc/data/SpecializedFedSeg"
 DATA = os.environ.get("FEDSEG_PARITY_DATA", PREFIX)
 CAPTURE = os.environ.get("FEDSEG_PARITY_CAPTURE")
+KEEP_LAST = bool(os.environ.get("FEDSEG_PARITY_KEEP_LAST"))
 _real_glob = _glob.glob
 
 
@@ -110,7 +111,8 @@ def _patch(module: types.ModuleType) -> None:
             preds=np.stack(rec.preds),
             jaccard=np.float64(np.mean(scores[0])),
         )
-        torch.save(test_net.state_dict(), Path(CAPTURE) / f"site{site_index}_last.pth")
+        if KEEP_LAST:
+            torch.save(test_net.state_dict(), Path(CAPTURE) / f"site{site_index}_last.pth")
         return scores
 
     module.eval_container = eval_container
