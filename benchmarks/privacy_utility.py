@@ -3,7 +3,8 @@
 Usage: python benchmarks/privacy_utility.py --mode {off,central,local} --sites N
        --per-site K [--noise Z] [--clip C] [--seed S] [--settings narrow,decoder,...]
        [--rounds R] [--local-iters L] [--size PX] [--batch B] [--lr LR] [--out DIR]
-       [--work DIR]
+       [--work DIR] [--device DEV]
+       python benchmarks/privacy_utility.py --grid FILE [--jobs N] [--deadline S] [--device DEV]
        python benchmarks/privacy_utility.py --summary [--out DIR]
 
 A point is FedAvg on a synthetic FAZ federation of N sites with K images each (full labels,
@@ -27,18 +28,35 @@ prints the points as a table (Dice x 100, epsilon, and Dice as a share of the po
 DP with the same federation, settings and seed) and writes DIR/table.md. The grid of
 docs/privacy.md: sites 5, 20, 100; K 50, 200; central z in 0.5 .. 5; local z in 0.5 .. 2;
 2 seeds where affordable.
+
+``--grid FILE`` runs many points at once (for a GPU machine: each point is a process, and a
+small network leaves the GPU idle between kernel launches, so several processes share it):
+one point per line of FILE (its arguments, e.g. ``--mode central --noise 2 --sites 100``;
+``#`` starts a comment), started in the file's order, ``--jobs`` at a time. Each point's
+federation is synthesised first, once, before any point starts (points that share one
+would otherwise race to write it). No point starts after ``--deadline`` seconds and a
+point still running then is stopped, so that a time-limited machine returns what finished.
+A point records the device it ran on (``--device``, default ``cpu``): GPU kernels round
+differently, so a point repeats exactly on the same kind of device only.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
+import subprocess
+import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import cv2
+
 from fedseg.config import parse_config
+from fedseg.engine.prepare import prepare_data
 from fedseg.engine.runner import InProcessRunner
 
 DELTA = 1e-4
@@ -90,7 +108,7 @@ def run_config(args: argparse.Namespace, data_seed: int, privacy: dict[str, Any]
                 "augment": False,
             },
             "eval": {"every": 0, "save_models": False},
-            "engine": {"device": "cpu"},
+            "engine": {"device": args.device},
             "privacy": privacy,
         }
     )
@@ -144,6 +162,8 @@ def run_point(args: argparse.Namespace) -> dict[str, Any]:
         "delta": DELTA,
         "epsilon": res.get("privacy", {}).get("epsilon"),
         "dice": dice,
+        "device": args.device,
+        "opencv": cv2.__version__,
         "seconds": time.perf_counter() - t0,
     }
 
@@ -152,7 +172,10 @@ def _group(r: dict[str, Any]) -> tuple[Any, ...]:
     """What a point's no-DP reference shares with it: federation, schedule, seed, network."""
     shape = ("sites", "per_site", "rounds", "local_iters", "size", "batch", "seed")
     net = tuple(s for s in r["settings"] if s in ("narrow", "decoder"))
-    return (*(r[k] for k in shape), net)
+    # the synthetic drawing changed between OpenCV 4 and 5 (the CPU points before 2026-12-04
+    # were drawn by the pinned 5.x and did not record it)
+    drawing = r.get("opencv", "5").split(".")[0]
+    return (*(r[k] for k in shape), net, drawing)
 
 
 def summary(out: Path) -> str:
@@ -161,8 +184,8 @@ def summary(out: Path) -> str:
     base = {_group(r): r["dice"] for r in rows if r["mode"] == "off"}
     lines = [
         f"| mode | sites | images per site | settings | z | epsilon (delta {DELTA:g}) "
-        "| Dice x 100 | share of no-DP Dice | rounds x steps, px, seed |",
-        "|---|---:|---:|---|---:|---:|---:|---:|---|",
+        "| Dice x 100 | share of no-DP Dice | rounds x steps, px, seed | device |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---|---|",
     ]
     for r in sorted(rows, key=lambda r: (r["sites"], r["per_site"], r["mode"], r["key"])):
         ref = base.get(_group(r))
@@ -172,9 +195,42 @@ def summary(out: Path) -> str:
         lines.append(
             f"| {r['mode']} | {r['sites']} | {r['per_site']} | {'+'.join(r['settings']) or 'base'}"
             f" | {z} | {eps} | {r['dice']:.1f} | {share} | {r['rounds']} x {r['local_iters']}, "
-            f"{r['size']}, {r['seed']} |"
+            f"{r['size']}, {r['seed']} | {r.get('device', 'cpu')} |"
         )
     return "\n".join(lines)
+
+
+def run_grid(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Run the points listed in ``args.grid``, ``args.jobs`` at a time, until the deadline."""
+    start = time.monotonic()
+    lines = [ln.split("#")[0].strip() for ln in args.grid.read_text().splitlines()]
+    common = ["--out", str(args.out), "--work", str(args.work), "--device", args.device]
+    points = [shlex.split(ln) + common for ln in lines if ln]
+    parsed = [ap.parse_args(p) for p in points]
+    for i, p in enumerate(parsed, 1):
+        if p.grid or p.summary or p.mode is None or "decoder" in p.settings:
+            ap.error(f"{args.grid} point {i}: needs --mode, and no --grid, --summary, decoder")
+    feds = {(p.sites, p.per_site, p.size): p for p in parsed}
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        list(pool.map(prepare_data, [run_config(p, 0, {"mode": "off"}) for p in feds.values()]))
+    print(f"grid: {len(points)} points, federations ready after {time.monotonic() - start:.0f} s")
+    queue, running = list(points), []
+    while queue or running:
+        for proc, point in [r for r in running if r[0].poll() is not None]:
+            running.remove((proc, point))
+            status = "done" if proc.returncode == 0 else f"FAILED ({proc.returncode})"
+            print(f"grid: {time.monotonic() - start:.0f} s {status}: {shlex.join(point[:-6])}")
+        if time.monotonic() - start > args.deadline:
+            for proc, _ in running:
+                proc.terminate()
+            print(f"grid: deadline; {len(running)} stopped, {len(queue)} not started")
+            return
+        while queue and len(running) < args.jobs:
+            point = queue.pop(0)
+            cmd = [sys.executable, __file__, *point]
+            running.append((subprocess.Popen(cmd, stdout=subprocess.DEVNULL), point))
+        time.sleep(1)
+    print(f"grid: all points done in {time.monotonic() - start:.0f} s")
 
 
 def main() -> None:
@@ -193,8 +249,15 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=0.005)
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--work", type=Path, default=Path("data/privacy-utility"))
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--grid", type=Path)
+    ap.add_argument("--jobs", type=int, default=8)
+    ap.add_argument("--deadline", type=float, default=float("inf"))
     ap.add_argument("--summary", action="store_true")
     args = ap.parse_args()
+    if args.grid:
+        run_grid(ap, args)
+        return
     if args.summary:
         if not any(args.out.glob("*.json")):
             ap.error(f"--summary: no measured point under {args.out}")

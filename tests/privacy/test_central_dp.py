@@ -214,3 +214,26 @@ def test_every_supported_method_runs_with_central_dp(fed_root, tmp_path, method)
     assert res["privacy"]["epsilon"] == epsilon(PrivacySettings(**privacy), 1)
     record = json.loads((tmp_path / "r/rounds.jsonl").read_text())
     assert len(record["participants"]) == 3 and not record["failures"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_central_dp_trains_on_cuda_like_on_the_cpu(fed_root, tmp_path):
+    """Sites train on the GPU while the server's global model, noise and sum stay on the
+    CPU: the run completes, and with the same seed (the same noise) its global model is the
+    CPU run's up to the GPU's rounding, far below the noise's standard deviation (0.13)."""
+    privacy = {
+        "mode": "central",
+        "clip": 0.5,
+        "noise_multiplier": 0.8,
+        "server_momentum": 0.9,
+        "adaptive_clip": {"quantile": 0.5, "learning_rate": 0.2, "count_noise": 1.0},
+    }
+    models = {}
+    for device in ("cpu", "cuda"):
+        cfg = _cfg(fed_root, privacy)
+        cfg = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"device": device})})
+        InProcessRunner(cfg, tmp_path / device).run()
+        ck = torch.load(tmp_path / device / "checkpoints/last.pt", weights_only=True)
+        models[device] = ck["server"]["payloads"][0]["tensors"]
+    diff = max(float((models["cpu"][k] - models["cuda"][k]).abs().max()) for k in models["cpu"])
+    assert diff < 0.02

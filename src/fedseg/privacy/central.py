@@ -174,7 +174,7 @@ class CentralDP(PrivateWrapper):
         the server of central DP is trusted, and under secure aggregation no metric leaves
         the site)."""
         res = self.inner.client_step(payload, state, ctx)
-        update = {k: t - payload.tensors[k] for k, t in res.upload.tensors.items()}
+        update = {k: t - payload.tensors[k].to(t.device) for k, t in res.upload.tensors.items()}
         adaptive = self.settings.adaptive_clip is not None
         clipped = update if adaptive else clip_update(update, self.settings.clip)
         metrics = {**res.metrics, "update_norm": update_norm(update)}
@@ -209,13 +209,15 @@ class NoisySum:
     def add_sum(self, tensors: Mapping[str, torch.Tensor], weight: float = 1.0) -> None:
         """Add ``weight`` times ``tensors``: one site's clipped update, or (secure
         aggregation) the weighted sum of several sites' updates, never seen one by one."""
+        base = self.state[GLOBAL]
         for k, t in tensors.items():
             if not t.is_floating_point():
                 continue
+            t = t.to(base[k].device, torch.float64)  # a site's update may be on its GPU
             if k in self.sum:
-                self.sum[k].add_(t.double(), alpha=weight)
+                self.sum[k].add_(t, alpha=weight)
             else:
-                self.sum[k] = t.double() * weight
+                self.sum[k] = t * weight
 
     def finish(self) -> ServerResult:
         dp, s = self.dp, self.dp.settings
