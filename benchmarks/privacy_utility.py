@@ -67,11 +67,13 @@ WIDTHS = {"base": [16, 32, 64, 128, 256], "narrow": [8, 16, 32, 64]}
 
 
 def point_key(args: argparse.Namespace) -> str:
-    """The file name of a point (every argument that changes its result)."""
+    """The file name of a point (every argument that changes its result; the device where it
+    is not the CPU, whose kernels round otherwise and whose OpenCV may draw otherwise)."""
     z = "" if args.mode == "off" else f"-z{args.noise:g}-c{args.clip:g}"
     tag = "+".join(sorted(args.settings)) or "base"
     shape = f"r{args.rounds}x{args.local_iters}-px{args.size}-b{args.batch}-lr{args.lr:g}"
-    return f"{args.mode}{z}-s{args.sites}-n{args.per_site}-{tag}-{shape}-seed{args.seed}"
+    where = "" if args.device == "cpu" else f"-{args.device.replace(':', '')}"
+    return f"{args.mode}{z}-s{args.sites}-n{args.per_site}-{tag}-{shape}-seed{args.seed}{where}"
 
 
 def run_config(args: argparse.Namespace, data_seed: int, privacy: dict[str, Any]) -> Any:
@@ -172,10 +174,10 @@ def _group(r: dict[str, Any]) -> tuple[Any, ...]:
     """What a point's no-DP reference shares with it: federation, schedule, seed, network."""
     shape = ("sites", "per_site", "rounds", "local_iters", "size", "batch", "seed")
     net = tuple(s for s in r["settings"] if s in ("narrow", "decoder"))
-    # the synthetic drawing changed between OpenCV 4 and 5 (the CPU points before 2026-12-04
-    # were drawn by the pinned 5.x and did not record it)
-    drawing = r.get("opencv", "5").split(".")[0]
-    return (*(r[k] for k in shape), net, drawing)
+    # where it ran: the federation is drawn there (OpenCV's drawing changes between versions;
+    # the CPU points before 2026-12-04 recorded neither) and the kernels round there
+    machine = (r.get("device", "cpu"), r.get("opencv"))
+    return (*(r[k] for k in shape), net, machine)
 
 
 def summary(out: Path) -> str:
