@@ -34,7 +34,8 @@ small network leaves the GPU idle between kernel launches, so several processes 
 one point per line of FILE (its arguments, e.g. ``--mode central --noise 2 --sites 100``;
 ``#`` starts a comment), started in the file's order, ``--jobs`` at a time. Each point's
 federation is synthesised first, once, before any point starts (points that share one
-would otherwise race to write it). No point starts after ``--deadline`` seconds and a
+would otherwise race to write it; ``decoder`` points, which share a pre-training run, are
+refused for the same reason). No point starts after ``--deadline`` seconds and a
 point still running then is stopped, so that a time-limited machine returns what finished.
 A point records the device it ran on (``--device``, default ``cpu``): GPU kernels round
 differently, so a point repeats exactly on the same kind of device only.
@@ -211,6 +212,7 @@ def run_grid(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     parsed = [ap.parse_args(p) for p in points]
     for i, p in enumerate(parsed, 1):
         if p.grid or p.summary or p.mode is None or "decoder" in p.settings:
+            # decoder: points would race to write the pre-trained model they share
             ap.error(f"{args.grid} point {i}: needs --mode, and no --grid, --summary, decoder")
     feds = {(p.sites, p.per_site, p.size): p for p in parsed}
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
@@ -221,7 +223,8 @@ def run_grid(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         for proc, point in [r for r in running if r[0].poll() is not None]:
             running.remove((proc, point))
             status = "done" if proc.returncode == 0 else f"FAILED ({proc.returncode})"
-            print(f"grid: {time.monotonic() - start:.0f} s {status}: {shlex.join(point[:-6])}")
+            what = shlex.join(point[: -len(common)])
+            print(f"grid: {time.monotonic() - start:.0f} s {status}: {what}")
         if time.monotonic() - start > args.deadline:
             for proc, _ in running:
                 proc.terminate()
