@@ -32,7 +32,12 @@ PAPER_READING = "archive/fedlppa-table3-variant-paper/fedlppa-table3/runs/fedlpp
 """FedLPPA's Table III row as fedseg read the paper (its default until 2026-12-03)."""
 BCS = "parity/fedbcs-table1-nuclei/runs"
 """FedBCS with (``--arch fsr``) and without FSR (``--arch unet``) on Table 1's nuclei federation;
-the ``fedseg paper`` arms are the evidence rows (FedBCS's default, ``variant: paper``)."""
+the ``fedseg paper`` arms are the evidence rows (FedBCS's default, ``variant: paper``), which
+augmented until the rerun that follows 2026-12-04; ``fedseg authors`` trains without
+augmentation, as the code does on nuclei."""
+BCS_AUG = "fedseg authors, fedseg's augmentation"
+"""``variant: authors`` with fedseg's flips, right-angle rotations and intensity jitter (the
+arm until 2026-12-04, when the code was found to train its nuclei federation without any)."""
 WD_1E4 = "archive/fedlppa-table3-wd1e-4/runs"
 """Table III's baselines at fedseg's weight decay 1e-4 (until 2026-12-03; the table's rows
 train at the code's 1e-2 since)."""
@@ -78,11 +83,13 @@ TABLES: dict[str, dict[str, dict[str, str]]] = {
         "FedBCS": {
             "authors": f"{BCS}/authors-fsr",
             "fedseg authors": f"{BCS}/fedseg-authors-fsr",
+            BCS_AUG: f"{BCS}/fedseg-authors-aug-fsr",
             "fedseg paper": "fedbcs-table1-nuclei/runs/fedbcs",
         },
         "FedBCS without FSR": {
             "authors": f"{BCS}/authors-unet",
             "fedseg authors": f"{BCS}/fedseg-authors-unet",
+            BCS_AUG: f"{BCS}/fedseg-authors-aug-unet",
             "fedseg paper": "fedbcs-table2-nuclei/runs/cdpa",
         },
     },
