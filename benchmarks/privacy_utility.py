@@ -5,7 +5,7 @@ Usage: python benchmarks/privacy_utility.py --mode {off,central,local} --sites N
        [--rounds R] [--local-iters L] [--size PX] [--batch B] [--lr LR] [--out DIR]
        [--work DIR] [--device DEV]
        python benchmarks/privacy_utility.py --grid FILE [--jobs N] [--deadline S] [--device DEV]
-       python benchmarks/privacy_utility.py --summary [--out DIR]
+       python benchmarks/privacy_utility.py --summary [--out DIR] [--figure FILE.png]
 
 A point is FedAvg on a synthetic FAZ federation of N sites with K images each (full labels,
 equal site sizes, train/validation/test 0.7/0.1/0.2 per site), the UNet with group norm
@@ -25,7 +25,8 @@ separated, the settings under which DP is known to work better:
 Each point is written as DIR/<key>.json (default DIR: docs/evidence/privacy/utility) and an
 existing point is not run again, so the grid fills up over several sessions. ``--summary``
 prints the points as a table (Dice x 100, epsilon, and Dice as a share of the point without
-DP with the same federation, settings and seed) and writes DIR/table.md. The grid of
+DP with the same federation, settings and seed) and writes DIR/table.md; ``--figure`` plots
+that share against epsilon for the full-size points. The grid of
 docs/privacy.md: sites 5, 20, 100; K 50, 200; central z in 0.5 .. 5; local z in 0.5 .. 2;
 2 seeds where affordable.
 
@@ -181,18 +182,27 @@ def _group(r: dict[str, Any]) -> tuple[Any, ...]:
     return (*(r[k] for k in shape), net, machine)
 
 
-def summary(out: Path) -> str:
-    """The measured points as a markdown table."""
+def load_points(out: Path) -> list[dict[str, Any]]:
+    """The measured points, each with ``share``: its Dice over its no-DP reference's (None
+    for the references themselves and for points whose reference is not measured)."""
     rows = [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
     base = {_group(r): r["dice"] for r in rows if r["mode"] == "off"}
+    for r in rows:
+        ref = base.get(_group(r))
+        r["share"] = r["dice"] / ref if ref and r["mode"] != "off" else None
+    return rows
+
+
+def summary(out: Path) -> str:
+    """The measured points as a markdown table."""
+    rows = load_points(out)
     lines = [
         f"| mode | sites | images per site | settings | z | epsilon (delta {DELTA:g}) "
         "| Dice x 100 | share of no-DP Dice | rounds x steps, px, seed | device |",
         "|---|---:|---:|---|---:|---:|---:|---:|---|---|",
     ]
     for r in sorted(rows, key=lambda r: (r["sites"], r["per_site"], r["mode"], r["key"])):
-        ref = base.get(_group(r))
-        share = "-" if not ref or r["mode"] == "off" else f"{r['dice'] / ref:.0%}"
+        share = "-" if r["share"] is None else f"{r['share']:.0%}"
         eps = "-" if r["epsilon"] is None else f"{r['epsilon']:.3g}"
         z = "-" if r["noise_multiplier"] is None else f"{r['noise_multiplier']:g}"
         lines.append(
@@ -201,6 +211,59 @@ def summary(out: Path) -> str:
             f"{r['size']}, {r['seed']} | {r.get('device', 'cpu')} |"
         )
     return "\n".join(lines)
+
+
+def figure(out: Path, path: Path) -> None:
+    """Share of the no-DP Dice against epsilon, one line per mode and number of sites: the
+    full-size points (K 200, 48 px, 25 x 8 steps) with the narrow network and no other
+    setting; a marker per seed and device, the line through the mean share at each z."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    full = {"per_site": 200, "size": 48, "rounds": 25, "local_iters": 8, "settings": ["narrow"]}
+    rows = [
+        r
+        for r in load_points(out)
+        if r["share"] is not None and all(r[k] == v for k, v in full.items())
+    ]
+    if not rows:
+        raise SystemExit(f"--figure: no full-size point with a no-DP reference under {out}")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (mode, sites) in enumerate(sorted({(r["mode"], r["sites"]) for r in rows})):
+        colour = colours[i % len(colours)]
+        mine = [r for r in rows if (r["mode"], r["sites"]) == (mode, sites)]
+        kind = "central DP (per site)" if mode == "central" else "local DP-SGD (per example)"
+        ax.scatter(
+            [r["epsilon"] for r in mine],
+            [100 * r["share"] for r in mine],
+            color=colour,
+            marker="o" if mode == "central" else "s",
+            alpha=0.6,
+        )
+        by_z: dict[float, list[dict[str, Any]]] = {}
+        for r in mine:
+            by_z.setdefault(r["noise_multiplier"], []).append(r)
+        line = sorted(
+            (d[0]["epsilon"], 100 * statistics.fmean(r["share"] for r in d)) for d in by_z.values()
+        )
+        ax.plot(
+            *zip(*line, strict=True),
+            color=colour,
+            linestyle="-" if mode == "central" else "--",
+            label=f"{kind}, {sites} sites",
+        )
+    ax.axhline(80, color="grey", linewidth=0.8, linestyle=":")
+    ax.axvline(10, color="grey", linewidth=0.8, linestyle=":")
+    ax.set_xscale("log")
+    ax.set_xlabel(f"epsilon (delta {DELTA:g})")
+    ax.set_ylabel("Dice, % of the same run without DP")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
 
 
 def run_grid(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -259,6 +322,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=8)
     ap.add_argument("--deadline", type=float, default=float("inf"))
     ap.add_argument("--summary", action="store_true")
+    ap.add_argument("--figure", type=Path, help="with --summary: plot share against epsilon")
     args = ap.parse_args()
     if args.grid:
         run_grid(ap, args)
@@ -269,6 +333,8 @@ def main() -> None:
         table = summary(args.out)
         print(table)
         (args.out / "table.md").write_text(table + "\n")
+        if args.figure:
+            figure(args.out, args.figure)
         return
     if args.mode is None:
         ap.error("--mode is needed (or --summary)")
