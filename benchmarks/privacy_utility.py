@@ -47,6 +47,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -147,8 +148,13 @@ def privacy_block(args: argparse.Namespace) -> dict[str, Any]:
 def run_point(args: argparse.Namespace) -> dict[str, Any]:
     cfg = run_config(args, 0, privacy_block(args))
     run = args.work / "runs" / point_key(args)
+    # a point stopped part-way (a deadline, a session's end) continues from its last
+    # checkpointed round; a folder without one holds no finished round and starts again
+    resume = (run / "checkpoints" / "last.pt").is_file()
+    if run.is_dir() and not resume:
+        shutil.rmtree(run)
     t0 = time.perf_counter()
-    res = InProcessRunner(cfg, run).run()
+    res = InProcessRunner(cfg, run).run(resume=resume)
     dice = 100 * statistics.fmean(res["average"]["dsc"].values())
     return {
         "key": point_key(args),
@@ -169,6 +175,7 @@ def run_point(args: argparse.Namespace) -> dict[str, Any]:
         "device": args.device,
         "opencv": cv2.__version__,
         "seconds": time.perf_counter() - t0,
+        "resumed": resume,  # then ``seconds`` counts the rounds after the checkpoint only
     }
 
 
