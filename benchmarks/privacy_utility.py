@@ -2,7 +2,8 @@
 
 Usage: python benchmarks/privacy_utility.py --mode {off,central,local} --sites N
        --per-site K [--noise Z] [--clip C] [--seed S] [--settings narrow,decoder,...]
-       [--rounds R] [--local-iters L] [--size PX] [--batch B] [--lr LR] [--out DIR]
+       [--rounds R] [--local-iters L] [--size PX] [--batch B] [--lr LR]
+       [--optimizer {adamw,sgd}] [--out DIR]
        [--work DIR] [--device DEV]
        python benchmarks/privacy_utility.py --grid FILE [--jobs N] [--deadline S] [--device DEV]
        python benchmarks/privacy_utility.py --summary [--out DIR] [--figure FILE.png]
@@ -64,6 +65,7 @@ from fedseg.engine.runner import InProcessRunner
 
 DELTA = 1e-4
 """The delta of every point's epsilon."""
+DEFAULT_LR = 0.005
 OUT = Path(__file__).parents[1] / "docs" / "evidence" / "privacy" / "utility"
 SETTINGS = ("narrow", "decoder", "momentum", "adaptive")
 WIDTHS = {"base": [16, 32, 64, 128, 256], "narrow": [8, 16, 32, 64]}
@@ -75,6 +77,8 @@ def point_key(args: argparse.Namespace) -> str:
     z = "" if args.mode == "off" else f"-z{args.noise:g}-c{args.clip:g}"
     tag = "+".join(sorted(args.settings)) or "base"
     shape = f"r{args.rounds}x{args.local_iters}-px{args.size}-b{args.batch}-lr{args.lr:g}"
+    if args.optimizer != "adamw":
+        shape += f"-{args.optimizer}"
     where = "" if args.device == "cpu" else f"-{args.device.replace(':', '')}"
     return f"{args.mode}{z}-s{args.sites}-n{args.per_site}-{tag}-{shape}-seed{args.seed}{where}"
 
@@ -110,6 +114,7 @@ def run_config(args: argparse.Namespace, data_seed: int, privacy: dict[str, Any]
                 "local_iters": args.local_iters,
                 "batch_size": args.batch,
                 "lr": args.lr,
+                "optimizer": args.optimizer,
                 "augment": False,
             },
             "eval": {"every": 0, "save_models": False},
@@ -169,6 +174,8 @@ def run_point(args: argparse.Namespace) -> dict[str, Any]:
         "local_iters": args.local_iters,
         "size": args.size,
         "batch": args.batch,
+        "lr": args.lr,
+        "optimizer": args.optimizer,
         "delta": DELTA,
         "epsilon": res.get("privacy", {}).get("epsilon"),
         "dice": dice,
@@ -177,6 +184,13 @@ def run_point(args: argparse.Namespace) -> dict[str, Any]:
         "seconds": time.perf_counter() - t0,
         "resumed": resume,  # then ``seconds`` counts the rounds after the checkpoint only
     }
+
+
+def _tuned(r: dict[str, Any]) -> str:
+    """A point's training where it is not the study's default (AdamW at DEFAULT_LR), else ''."""
+    if (r["optimizer"], r["lr"]) == ("adamw", DEFAULT_LR):
+        return ""
+    return f"{r['optimizer']} lr {r['lr']:g}"
 
 
 def _group(r: dict[str, Any]) -> tuple[Any, ...]:
@@ -190,10 +204,14 @@ def _group(r: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def load_points(out: Path) -> list[dict[str, Any]]:
-    """The measured points, each with ``share``: its Dice over its no-DP reference's (None
-    for the references themselves and for points whose reference is not measured)."""
+    """The measured points, each with ``share``: its Dice over its no-DP reference's, the
+    point without DP at the default training (AdamW, DEFAULT_LR) on the same federation,
+    network and seed (None for the references themselves and where it is not measured)."""
     rows = [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
-    base = {_group(r): r["dice"] for r in rows if r["mode"] == "off"}
+    for r in rows:  # the points before 2026-12-04 ran AdamW at the default lr
+        r.setdefault("optimizer", "adamw")
+        r.setdefault("lr", DEFAULT_LR)
+    base = {_group(r): r["dice"] for r in rows if r["mode"] == "off" and not _tuned(r)}
     for r in rows:
         ref = base.get(_group(r))
         r["share"] = r["dice"] / ref if ref and r["mode"] != "off" else None
@@ -213,7 +231,8 @@ def summary(out: Path) -> str:
         eps = "-" if r["epsilon"] is None else f"{r['epsilon']:.3g}"
         z = "-" if r["noise_multiplier"] is None else f"{r['noise_multiplier']:g}"
         lines.append(
-            f"| {r['mode']} | {r['sites']} | {r['per_site']} | {'+'.join(r['settings']) or 'base'}"
+            f"| {r['mode']} | {r['sites']} | {r['per_site']} | "
+            f"{', '.join(filter(None, ['+'.join(r['settings']) or 'base', _tuned(r)]))}"
             f" | {z} | {eps} | {r['dice']:.1f} | {share} | {r['rounds']} x {r['local_iters']}, "
             f"{r['size']}, {r['seed']} | {r.get('device', 'cpu')} |"
         )
@@ -239,9 +258,10 @@ def figure(out: Path, path: Path) -> None:
         raise SystemExit(f"--figure: no full-size point with a no-DP reference under {out}")
     fig, ax = plt.subplots(figsize=(6, 4))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, (mode, sites) in enumerate(sorted({(r["mode"], r["sites"]) for r in rows})):
+    lines = sorted({(r["mode"], r["sites"], _tuned(r)) for r in rows})
+    for i, (mode, sites, tuned) in enumerate(lines):
         colour = colours[i % len(colours)]
-        mine = [r for r in rows if (r["mode"], r["sites"]) == (mode, sites)]
+        mine = [r for r in rows if (r["mode"], r["sites"], _tuned(r)) == (mode, sites, tuned)]
         kind = "central DP (per site)" if mode == "central" else "local DP-SGD (per example)"
         ax.scatter(
             [r["epsilon"] for r in mine],
@@ -260,7 +280,7 @@ def figure(out: Path, path: Path) -> None:
             *zip(*line, strict=True),
             color=colour,
             linestyle="-" if mode == "central" else "--",
-            label=f"{kind}, {sites} sites",
+            label=", ".join(filter(None, [kind, f"{sites} sites", tuned])),
         )
     ax.axhline(80, color="grey", linewidth=0.8, linestyle=":")
     ax.axvline(10, color="grey", linewidth=0.8, linestyle=":")
@@ -321,7 +341,8 @@ def main() -> None:
     ap.add_argument("--local-iters", type=int, default=8)
     ap.add_argument("--size", type=int, default=48)
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--lr", type=float, default=0.005)
+    ap.add_argument("--lr", type=float, default=DEFAULT_LR)
+    ap.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--work", type=Path, default=Path("data/privacy-utility"))
     ap.add_argument("--device", default="cpu")
