@@ -61,6 +61,7 @@ import cv2
 
 from fedseg.config import parse_config
 from fedseg.engine.prepare import prepare_data
+from fedseg.engine.rundir import RunDir
 from fedseg.engine.runner import InProcessRunner
 
 DELTA = 1e-4
@@ -161,6 +162,7 @@ def run_point(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     res = InProcessRunner(cfg, run).run(resume=resume)
     dice = 100 * statistics.fmean(res["average"]["dsc"].values())
+    last = RunDir(run).rounds()[-1]["clients"]
     return {
         "key": point_key(args),
         "mode": args.mode,
@@ -179,6 +181,8 @@ def run_point(args: argparse.Namespace) -> dict[str, Any]:
         "delta": DELTA,
         "epsilon": res.get("privacy", {}).get("epsilon"),
         "dice": dice,
+        # what every site reports each round: the rule that picks DP-SGD's training uses it
+        "last_train_loss": statistics.fmean(c["loss"] for c in last.values()),
         "device": args.device,
         "opencv": cv2.__version__,
         "seconds": time.perf_counter() - t0,
