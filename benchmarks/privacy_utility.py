@@ -230,7 +230,7 @@ def summary(out: Path) -> str:
     rows = load_points(out)
     lines = [
         f"| mode | sites | images per site | settings | z | epsilon (delta {DELTA:g}) "
-        "| Dice x 100 | share of no-DP Dice | rounds x steps, px, seed | device |",
+        "| Dice x 100 | share of no-DP Dice | rounds x steps of batch, px, seed | device |",
         "|---|---:|---:|---|---:|---:|---:|---:|---|---|",
     ]
     for r in sorted(rows, key=lambda r: (r["sites"], r["per_site"], r["mode"], r["key"])):
@@ -240,7 +240,8 @@ def summary(out: Path) -> str:
         lines.append(
             f"| {r['mode']} | {r['sites']} | {r['per_site']} | "
             f"{', '.join(filter(None, ['+'.join(r['settings']) or 'base', _tuned(r)]))}"
-            f" | {z} | {eps} | {r['dice']:.1f} | {share} | {r['rounds']} x {r['local_iters']}, "
+            f" | {z} | {eps} | {r['dice']:.1f} | {share} | {r['rounds']} x {r['local_iters']} of "
+            f"{r['batch']}, "
             f"{r['size']}, {r['seed']} | {r.get('device', 'cpu')} |"
         )
     return "\n".join(lines)
