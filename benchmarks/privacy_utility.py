@@ -249,7 +249,7 @@ def summary(out: Path) -> str:
 
 def figure(out: Path, path: Path) -> None:
     """Share of the no-DP Dice against epsilon, a line per mode and number of sites: the
-    full-size points (K 200, 48 px, 25 x 8 steps, narrow network, no other setting), central
+    full-size points (K 200, 48 px, 25 x 8 steps of 8, narrow network, no other setting), central
     DP at the default training and local DP at LOCAL_TRAINING; a marker per seed and device,
     the line through the mean share at each z."""
     import matplotlib
@@ -257,7 +257,14 @@ def figure(out: Path, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    full = {"per_site": 200, "size": 48, "rounds": 25, "local_iters": 8, "settings": ["narrow"]}
+    full = {
+        "per_site": 200,
+        "size": 48,
+        "rounds": 25,
+        "local_iters": 8,
+        "batch": 8,
+        "settings": ["narrow"],
+    }
     training = {"central": ("adamw", DEFAULT_LR), "local": LOCAL_TRAINING}
     rows = [
         r
@@ -298,6 +305,8 @@ def figure(out: Path, path: Path) -> None:
     ax.axhline(80, color="grey", linewidth=0.8, linestyle=":")
     ax.axvline(10, color="grey", linewidth=0.8, linestyle=":")
     ax.set_xscale("log")
+    ax.set_xticks([2, 5, 10, 20, 40], ["2", "5", "10", "20", "40"])
+    ax.minorticks_off()
     ax.set_xlabel(f"epsilon (delta {DELTA:g})")
     ax.set_ylabel("Dice, % of the same run without DP")
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
