@@ -374,6 +374,8 @@ def main() -> None:
     ap.add_argument("--summary", action="store_true")
     ap.add_argument("--figure", type=Path, help="with --summary: plot share against epsilon")
     args = ap.parse_args()
+    if args.figure and not args.summary:
+        ap.error("--figure goes with --summary")
     if args.grid:
         run_grid(ap, args)
         return
