@@ -48,7 +48,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import shutil
 import statistics
 import subprocess
 import sys
@@ -63,6 +62,7 @@ from fedseg.config import parse_config
 from fedseg.engine.prepare import prepare_data
 from fedseg.engine.rundir import RunDir
 from fedseg.engine.runner import InProcessRunner
+from fedseg.reproduce.runs import interrupted_run
 
 DELTA = 1e-4
 """The delta of every point's epsilon."""
@@ -158,10 +158,11 @@ def run_point(args: argparse.Namespace) -> dict[str, Any]:
     cfg = run_config(args, 0, privacy_block(args))
     run = args.work / "runs" / point_key(args)
     # a point stopped part-way (a deadline, a session's end) continues from its last
-    # checkpointed round; a folder without one holds no finished round and starts again
-    resume = (run / "checkpoints" / "last.pt").is_file()
-    if run.is_dir() and not resume:
-        shutil.rmtree(run)
+    # checkpointed round, as the reproduce harness continues its runs; anything else there
+    # (no checkpoint, other settings) is replaced
+    resume = interrupted_run(run, cfg)
+    if not resume:
+        RunDir(run).prepare_new(overwrite=True)
     t0 = time.perf_counter()
     res = InProcessRunner(cfg, run).run(resume=resume)
     dice = 100 * statistics.fmean(res["average"]["dsc"].values())
