@@ -36,8 +36,8 @@ small network leaves the GPU idle between kernel launches, so several processes 
 one point per line of FILE (its arguments, e.g. ``--mode central --noise 2 --sites 100``;
 ``#`` starts a comment), started in the file's order, ``--jobs`` at a time. Each point's
 federation is synthesised first, once, before any point starts (points that share one
-would otherwise race to write it; ``decoder`` points, which share a pre-training run, are
-refused for the same reason). No point starts after ``--deadline`` seconds and a
+would otherwise race to write it; the pre-training run that ``decoder`` points share is
+made then too, for the same reason). No point starts after ``--deadline`` seconds and a
 point still running then is stopped, so that a time-limited machine returns what finished.
 A point records the device it ran on (``--device``, default ``cpu``): GPU kernels round
 differently, so a point repeats exactly on the same kind of device only.
@@ -128,14 +128,16 @@ def run_config(args: argparse.Namespace, data_seed: int, privacy: dict[str, Any]
     )
 
 
+def pretrain_dir(args: argparse.Namespace) -> Path:
+    """Where the pre-training run of a ``decoder`` point lives (shared by its points)."""
+    narrow = [s for s in args.settings if s == "narrow"]
+    key = point_key(argparse.Namespace(**{**vars(args), "mode": "off", "settings": narrow}))
+    return args.work / "pretrain" / key
+
+
 def pretrained(args: argparse.Namespace) -> Path:
     """A run without DP on another federation (data seed 1), the start of ``decoder``."""
-    narrow = [s for s in args.settings if s == "narrow"]
-    run = (
-        args.work
-        / "pretrain"
-        / point_key(argparse.Namespace(**{**vars(args), "mode": "off", "settings": narrow}))
-    )
+    run = pretrain_dir(args)
     if not (run / "checkpoints" / "last.pt").is_file():
         InProcessRunner(run_config(args, 1, {"mode": "off"}), run).run()
     return run
@@ -324,12 +326,14 @@ def run_grid(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     points = [shlex.split(ln) + common for ln in lines if ln]
     parsed = [ap.parse_args(p) for p in points]
     for i, p in enumerate(parsed, 1):
-        if p.grid or p.summary or p.mode is None or "decoder" in p.settings:
-            # decoder: points would race to write the pre-trained model they share
-            ap.error(f"{args.grid} point {i}: needs --mode, and no --grid, --summary, decoder")
+        if p.grid or p.summary or p.mode is None:
+            ap.error(f"{args.grid} point {i}: needs --mode, and no --grid or --summary")
     feds = {(p.sites, p.per_site, p.size): p for p in parsed}
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         list(pool.map(prepare_data, [run_config(p, 0, {"mode": "off"}) for p in feds.values()]))
+    # decoder points share a pre-training run: made here, once, so parallel points never race
+    for p in {pretrain_dir(p): p for p in parsed if "decoder" in p.settings}.values():
+        pretrained(p)
     print(f"grid: {len(points)} points, federations ready after {time.monotonic() - start:.0f} s")
     queue, running = list(points), []
     while queue or running:
