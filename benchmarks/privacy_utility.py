@@ -331,10 +331,13 @@ def run_grid(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     feds = {(p.sites, p.per_site, p.size): p for p in parsed}
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         list(pool.map(prepare_data, [run_config(p, 0, {"mode": "off"}) for p in feds.values()]))
-    # decoder points share a pre-training run: made here, once, so parallel points never race
-    for p in {pretrain_dir(p): p for p in parsed if "decoder" in p.settings}.values():
-        pretrained(p)
     print(f"grid: {len(points)} points, federations ready after {time.monotonic() - start:.0f} s")
+    # decoder points share a pre-training run: made here, once, so parallel points never race
+    starts = {pretrain_dir(p): p for p in parsed if "decoder" in p.settings}
+    for p in starts.values():
+        pretrained(p)
+    if starts:
+        print(f"grid: {len(starts)} pre-training runs ready after {time.monotonic() - start:.0f} s")
     queue, running = list(points), []
     while queue or running:
         for proc, point in [r for r in running if r[0].poll() is not None]:
