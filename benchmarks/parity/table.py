@@ -84,13 +84,13 @@ TABLES: dict[str, dict[str, dict[str, str]]] = {
             "authors": f"{BCS}/authors-fsr",
             "fedseg authors": f"{BCS}/fedseg-authors-fsr",
             BCS_AUG: f"{BCS}/fedseg-authors-aug-fsr",
-            "fedseg paper": "fedbcs-table1-nuclei/runs/fedbcs",
+            "fedseg paper": "archive/fedbcs-nuclei-augmented-r104/fedbcs-table1-nuclei/runs/fedbcs",
         },
         "FedBCS without FSR": {
             "authors": f"{BCS}/authors-unet",
             "fedseg authors": f"{BCS}/fedseg-authors-unet",
             BCS_AUG: f"{BCS}/fedseg-authors-aug-unet",
-            "fedseg paper": "fedbcs-table2-nuclei/runs/cdpa",
+            "fedseg paper": "archive/fedbcs-nuclei-augmented-r104/fedbcs-table2-nuclei/runs/cdpa",
         },
     },
 }
