@@ -251,10 +251,10 @@ def summary(out: Path) -> str:
 
 
 def figure(out: Path, path: Path) -> None:
-    """Share of the no-DP Dice against epsilon, a line per mode and number of sites: the
-    full-size points (K 200, 48 px, 25 x 8 steps of 8, narrow network, no other setting), central
-    DP at the default training and local DP at LOCAL_TRAINING; a marker per seed and device,
-    the line through the mean share at each z."""
+    """Share of the no-DP Dice against epsilon, a line per mode, number of sites and start: the
+    full-size points (K 200, 48 px, 25 x 8 steps of 8, narrow network, alone or with
+    ``decoder``), central DP at the default training and local DP at LOCAL_TRAINING; a marker
+    per seed and device, the line through the mean share at each z."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -266,7 +266,6 @@ def figure(out: Path, path: Path) -> None:
         "rounds": 25,
         "local_iters": 8,
         "batch": 8,
-        "settings": ["narrow"],
     }
     training = {"central": ("adamw", DEFAULT_LR), "local": LOCAL_TRAINING}
     rows = [
@@ -274,6 +273,7 @@ def figure(out: Path, path: Path) -> None:
         for r in load_points(out)
         if r["share"] is not None
         and all(r[k] == v for k, v in full.items())
+        and sorted(r["settings"]) in (["narrow"], ["decoder", "narrow"])
         and (r["optimizer"], r["lr"]) == training[r["mode"]]
     ]
     if not rows:
@@ -281,14 +281,19 @@ def figure(out: Path, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 4))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     sizes = sorted({r["sites"] for r in rows})
-    for mode, sites in sorted({(r["mode"], r["sites"]) for r in rows}):
+
+    def series(r: dict[str, Any]) -> tuple[str, int, bool]:
+        return r["mode"], r["sites"], "decoder" in r["settings"]
+
+    for mode, sites, pretrained_start in sorted({series(r) for r in rows}):
         colour = colours[sizes.index(sites) % len(colours)]
-        mine = [r for r in rows if (r["mode"], r["sites"]) == (mode, sites)]
+        mine = [r for r in rows if series(r) == (mode, sites, pretrained_start)]
+        marker = "^" if pretrained_start else "o" if mode == "central" else "s"
         ax.scatter(
             [r["epsilon"] for r in mine],
             [100 * r["share"] for r in mine],
             color=colour,
-            marker="o" if mode == "central" else "s",
+            marker=marker,
             alpha=0.5,
         )
         by_z: dict[float, list[dict[str, Any]]] = {}
@@ -298,11 +303,12 @@ def figure(out: Path, path: Path) -> None:
             (d[0]["epsilon"], 100 * statistics.fmean(r["share"] for r in d)) for d in by_z.values()
         )
         kind = "central DP, per site" if mode == "central" else "local DP-SGD, per example"
+        kind += ", pre-trained encoder" if pretrained_start else ""
         ax.plot(
             *zip(*line, strict=True),
             color=colour,
-            linestyle="-" if mode == "central" else "--",
-            marker="o" if mode == "central" else "s",
+            linestyle=":" if pretrained_start else "-" if mode == "central" else "--",
+            marker=marker,
             label=f"{kind}, {sites} sites",
         )
     ax.axhline(80, color="grey", linewidth=0.8, linestyle=":")
