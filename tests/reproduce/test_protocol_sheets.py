@@ -153,6 +153,42 @@ def test_the_bottleneck_of_a_3d_synergynet_at_the_cpu_size_is_inert():
     assert inert(m, measure(m, {"S": ([Path("unused")], [cfg])})) == {}
 
 
+def test_a_config_check_measures_a_row_not_run_on_its_planned_config():
+    cfg = {"data": {"synth": {"task": "pancreas3d", "size": 32}}, "model": {"widths": [1] * 5}}
+    b = Mechanism(id="b", what="tokens", rows=("S", "T"), measure="bottleneck_side", inert_below=8)
+    got = measure(b, {}, {"S": cfg})
+    assert got["S"].text.endswith("4 tokens per branch (the planned config; not run)")
+    assert list(inert(b, got)) == ["S"]  # T has neither runs nor a planned config
+    codes = Mechanism(id="c", what="codes", rows=("S",), measure="vq_live_codes")
+    assert measure(codes, {}, {"S": cfg}) == {}  # a check of the runs needs runs
+
+
+def test_synergynet_claims_are_not_testable_before_any_run_and_left_out_of_the_budget(tmp_path):
+    from fedseg.reproduce.budget import inert_rows
+    from fedseg.reproduce.harness import reproduce
+    from fedseg.reproduce.protocol import NOT_TESTABLE
+
+    rep = reproduce(
+        "pancreas3d", "table2", "evidence", evidence=tmp_path / "page", render_only=True
+    )
+    verdicts = {v.claim.id: v.verdict for v in rep.analysis.claims}
+    synergy = {k: v for k, v in verdicts.items() if k.endswith("-synergynet")}
+    assert len(synergy) == 4 and set(synergy.values()) == {NOT_TESTABLE}
+    assert {v for k, v in verdicts.items() if k not in synergy} == {"not run"}
+    page = (tmp_path / "page" / "table.md").read_text()
+    assert "(the planned config; not run)" in page and "seeds per row: none yet" in page
+
+    table = load_paper("pancreas3d").table("table2")
+    left_out = inert_rows(table, {"data.synth.size": 32})
+    assert sorted(left_out) == [
+        "FedAvg (SynergyNet)",
+        "FedAvg+AAW (SynergyNet)",
+        "No FL (SynergyNet)",
+    ]
+    assert "bottleneck 1 x 2 x 2" in left_out["No FL (SynergyNet)"]
+    assert inert_rows(table, {"data.synth.size": 128}) == {}
+
+
 def test_the_pancreas_experiments_train_an_epoch_per_round_with_3_validation_volumes(tmp_path):
     from fedseg.reproduce.harness import _seed_runs, budget_overrides
 

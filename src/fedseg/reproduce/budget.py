@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from fedseg.errors import ConfigError
 from fedseg.reporting.runs import read_results, read_rounds
 from fedseg.reproduce.harness import EVIDENCE_ROOT, row_config, slug
 from fedseg.reproduce.papers import PAPERS_DIR, PaperTable, load_paper
+from fedseg.reproduce.protocol import FROM_CONFIG, inert, measure
 from fedseg.reproduce.runs import Job, run_jobs
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "Calibration",
     "calibrate",
     "gain",
+    "inert_rows",
     "probe_costs",
 ]
 
@@ -118,6 +120,9 @@ class Calibration:
     folder: Path
     fixed: dict[str, Any] = field(default_factory=dict)
     """Overrides the budget holds besides the rounds (``--set``, e.g. a smaller image size)."""
+    left_out: dict[str, str] = field(default_factory=dict)
+    """Rows of the largest table left out of the estimate: a check of their config finds
+    their mechanism inert at this size, so they do not run here (label -> the measurement)."""
     done: bool = False
     """Whether the search has ended (no larger attempt follows)."""
 
@@ -196,6 +201,11 @@ class Calibration:
             "|---|---|",
             *(f"| {row} | {cpu:.1f} |" for row, cpu in self.row_cpu.items()),
             "",
+            *(
+                f"Left out of the estimate (inert at this size, so not run here): {row}: {why}."
+                for row, why in self.left_out.items()
+            ),
+            *([""] if self.left_out else []),
             "Paper-file entry (`evidence_budget:`):",
             "",
             "```yaml",
@@ -272,6 +282,20 @@ def fixed_overrides(items: Sequence[str]) -> dict[str, Any]:
     return fixed
 
 
+def inert_rows(table: PaperTable, fixed: dict[str, Any]) -> dict[str, str]:
+    """Rows of ``table`` that a check of the config alone (:data:`~.protocol.FROM_CONFIG`)
+    finds inert at the budget's ``fixed`` overrides (label -> the measurement)."""
+    checks = [m for m in table.mechanisms if m.measure in FROM_CONFIG]
+    out: dict[str, str] = {}
+    for row in table.rows:
+        if any(row.label in m.rows for m in checks):
+            raw, path = row_config(row, "evidence", fixed, ())
+            planned = {row.label: parse_config(raw, str(path)).model_dump(mode="json")}
+            for m in checks:
+                out.update(inert(m, measure(m, {}, planned)))
+    return out
+
+
 def probe_costs(
     table: PaperTable,
     fixed: dict[str, Any],
@@ -279,12 +303,14 @@ def probe_costs(
     out: Path,
     on_run: Callable[[str, dict[str, Any], float], None] | None = None,
     workers: int = 1,
+    skip: Collection[str] = (),
 ) -> dict[str, float]:
     """CPU seconds of the last of :data:`PROBE_ROUNDS` training rounds (seed 0, shipped
-    config with the budget's ``fixed`` overrides) of each row of ``table``; the probes'
-    small files are kept in ``folder/probes`` and reused."""
+    config with the budget's ``fixed`` overrides) of each row of ``table`` but those in
+    ``skip``; the probes' small files are kept in ``folder/probes`` and reused."""
+    rows = [row for row in table.rows if row.label not in skip]
     jobs = []
-    for row in table.rows:
+    for row in rows:
         raw, path = row_config(row, "evidence", fixed, ())
         raw.setdefault("train", {})["rounds"] = PROBE_ROUNDS
         raw["eval"] = {**(raw.get("eval") or {}), "every": PROBE_ROUNDS, "split": "val"}
@@ -292,11 +318,11 @@ def probe_costs(
         jobs.append(Job(raw, str(path), out / name, folder / name))
     costs = {}
     for f in run_jobs(jobs, workers):
-        label = table.rows[f.index].label
+        label = rows[f.index].label
         if on_run and not f.reused:
             on_run(f"{label}: cost probe", f.results, sum(f.results["timing"]["round_seconds"]))
         costs[label] = float(f.results["timing"]["round_cpu_seconds"][-1])
-    return {row.label: costs[row.label] for row in table.rows}
+    return {row.label: costs[row.label] for row in rows}
 
 
 def calibrate(
@@ -327,9 +353,10 @@ def calibrate(
     folder = folder or EVIDENCE_ROOT / "budgets" / f"{paper}-{t.federation}"
     out = out or Path("runs") / "calibrate" / f"{paper}-{t.federation}"
     fixed = fixed_overrides(overrides)
-    costs = probe_costs(largest, fixed, folder, out, on_run, workers)
+    left_out = inert_rows(largest, fixed)
+    costs = probe_costs(largest, fixed, folder, out, on_run, workers, skip=left_out)
     raws = {row: row_config(t.row(row), "evidence", fixed, ()) for row in t.controls}
-    cal = Calibration(paper, t, costs, [], folder, fixed)
+    cal = Calibration(paper, t, costs, [], folder, fixed, left_out)
     shipped = int(parse_config(copy.deepcopy(raws[t.controls[0]][0])).train.rounds)
     rounds = max(1, min(shipped, int(TABLE_HOURS / cal.table_hours(1))))
     for _ in range(DOUBLINGS + 1):

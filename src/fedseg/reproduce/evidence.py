@@ -157,7 +157,8 @@ def _protocol_lines(rep: Reproduction) -> list[str]:
         "### Protocol: the paper's training beside ours",
         "",
         "**forced**: the evidence size or budget needs it (cost: the CPU hours this table's "
-        f"runs would take with the paper's setting, from their measured {cpu_h:.1f} CPU h); "
+        f"runs would take with the paper's setting, from their measured {cpu_h:.1f} CPU h"
+        f"{'' if rep.rows else ': none run yet, so no cost is given'}); "
         "**unforced**: removed from the config, rows pending rerun; **not stated**: the paper "
         "does not say. Recorded: what the kept runs' configs hold.",
         "",
@@ -166,7 +167,7 @@ def _protocol_lines(rep: Reproduction) -> list[str]:
     ]
     for item in t.protocol:
         status = f"**{item.status}**" if item.status in ("forced", "unforced") else item.status
-        if item.cost is not None:
+        if item.cost is not None and rep.rows:
             status += f": about {item.cost.factor * cpu_h:,.0f} CPU h ({item.cost.basis})"
         if item.why:
             status += f"; {item.why}"
@@ -197,8 +198,9 @@ def _mechanism_lines(rep: Reproduction) -> list[str]:
         "",
         "### Mechanism checks at this size",
         "",
-        "Measured on the kept runs (`rounds.jsonl`, configs); a row whose mechanism is inert "
-        "gets no verdict (*not testable at this size*).",
+        "Measured on the kept runs (`rounds.jsonl`, configs; a check of the config alone also "
+        "on a row not run, from the config it would run); a row whose mechanism is inert gets "
+        "no verdict (*not testable at this size*).",
         "",
         "| check | row | measured | inert below | reading |",
         "|---|---|---|---|---|",
@@ -238,7 +240,7 @@ def render_markdown(rep: Reproduction) -> str:
         f"## {rep.paper.title}: {t.title}",
         "",
         *_changed_lines(rep),
-        f"Budget `{rep.budget}` ({budget}); seeds per row: {', '.join(map(str, seeds))}. "
+        f"Budget `{rep.budget}` ({budget}); seeds per row: {_listed(seeds)}. "
         "Ours: synthetic federations, so the ordering of rows and the gaps between them are "
         "what compares with the paper. A cell is the mean over seeds of the average over sites "
         "and regions ± the sample sd over seeds; beside it the 95 % interval of the mean "
@@ -637,13 +639,17 @@ def _archive_lines(root: Path) -> list[str]:
     return [*lines, ""]
 
 
+def _listed(seeds: list[int]) -> str:
+    return ", ".join(map(str, seeds)) or "none yet"
+
+
 def _page_lines(folder: str, s: dict[str, Any], title: str) -> list[str]:
     seeds = sorted(set(s["seeds"].values()))
     lines = [
         f"### [{title}]({folder}/table.md)",
         "",
         f"Budget `{s['budget']}`; {len(s['seeds'])} of {s['rows']} rows run; seeds per row: "
-        f"{', '.join(map(str, seeds))}.",
+        f"{_listed(seeds)}.",
         "",
     ]
     if s["claims"] and any("authors" in c for c in s["claims"]):

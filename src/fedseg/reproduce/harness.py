@@ -32,6 +32,7 @@ from fedseg.errors import ConfigError
 from fedseg.reporting.runs import read_results
 from fedseg.reproduce.evidence import write_index, write_table
 from fedseg.reproduce.papers import Paper, PaperRow, PaperTable, load_paper
+from fedseg.reproduce.protocol import FROM_CONFIG
 from fedseg.reproduce.rows import Reproduction, RowResult
 from fedseg.reproduce.runs import (
     Finished,
@@ -245,9 +246,11 @@ def reproduce(
             raise ConfigError("--render-only renders an evidence page: give --budget evidence")
         kept = [r for r in (kept_runs(evidence, row) for row in t.rows) if r is not None]
         rep = Reproduction(p, t, budget, stated, seeds, kept, out, evidence=evidence)
+        rep.planned = planned_configs(t, budget, budget_set, overrides)
         _write_pages(rep, command)
         return rep
     chosen = _select(t, rows)
+    planned = planned_configs(t, budget, budget_set, overrides)
     done: dict[str, RowResult] = {}
     if evidence is not None:  # every kept run the page reads, before anything trains
         for r in t.rows:
@@ -261,7 +264,9 @@ def reproduce(
         found = [done.get(r.label) or kept_result(r) for r in t.rows] if evidence else []
         ordered = [r for r in found if r is not None]
         ordered = ordered or [done[r.label] for r in chosen if r.label in done]
-        return Reproduction(p, t, budget, stated, seeds, ordered, out, evidence=evidence)
+        rep = Reproduction(p, t, budget, stated, seeds, ordered, out, evidence=evidence)
+        rep.planned = planned
+        return rep
 
     def kept_result(row: PaperRow) -> RowResult | None:
         result = RowResult(row)
@@ -325,6 +330,20 @@ def kept_runs(evidence: Path, row: PaperRow) -> RowResult | None:
         result.dirs.append(kept)
         result.configs.append(stored.model_dump(mode="json"))
     return result if result.results else None
+
+
+def planned_configs(
+    table: PaperTable, budget: str, budget_set: dict[str, Any], overrides: Sequence[str]
+) -> dict[str, dict[str, Any]]:
+    """The resolved config (seed 0 of the row) of every row that a mechanism check measures
+    on its config alone (:data:`~.protocol.FROM_CONFIG`), run or not."""
+    labels = {r for m in table.mechanisms if m.measure in FROM_CONFIG for r in m.rows}
+    out = {}
+    for row in table.rows:
+        if row.label in labels:
+            raw, path = row_config(row, budget, budget_set, overrides)
+            out[row.label] = parse_config(raw, str(path)).model_dump(mode="json")
+    return out
 
 
 def _seed_runs(

@@ -10,8 +10,8 @@ factor on the table's measured CPU time, where CPU time is what stands in the wa
 ``unforced`` (a difference removed from the config: the table's ``changed`` date says
 since when its rows wait for a rerun) or ``not stated``.
 A table's ``mechanisms`` name a measurement (:data:`MEASURES`) over the rows' kept
-``rounds.jsonl`` records (or their configs) and the bound under which the mechanism counts
-as inert: the claims on such rows get no verdict ("not testable at this size").
+``rounds.jsonl`` records (or their configs, :data:`FROM_CONFIG`) and the bound under which
+the mechanism counts as inert: the claims on such rows get no verdict ("not testable at this size").
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from fedseg.errors import ConfigError
 
 __all__ = [
     "ASPECTS",
+    "FROM_CONFIG",
     "MEASURES",
     "NOT_TESTABLE",
     "Changed",
@@ -311,15 +312,29 @@ MEASURES: dict[str, Callable[[Sequence[Path], Sequence[Mapping[str, Any]]], Meas
 }
 """Measurement name -> function of a row's kept run folders and resolved configs."""
 
+FROM_CONFIG = frozenset({"bottleneck_side"})
+"""Measurements that read the config alone: a row without runs is measured on the config
+it would run (so a row known inert at the evidence size need not be trained to say so)."""
+
 
 def measure(
     mechanism: Mechanism,
     rows: Mapping[str, tuple[Sequence[Path], Sequence[Mapping[str, Any]]]],
+    planned: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Measurement]:
     """``mechanism`` measured on each of its rows that has runs (``rows``: label -> kept run
-    folders and their configs)."""
+    folders and their configs); for a :data:`FROM_CONFIG` measurement, also on each row
+    without runs whose resolved config ``planned`` holds."""
     fn = MEASURES[mechanism.measure]
-    return {label: fn(*rows[label]) for label in mechanism.rows if rows.get(label, ((), ()))[0]}
+    out = {}
+    for label in mechanism.rows:
+        runs, configs = rows.get(label, ((), ()))
+        if runs:
+            out[label] = fn(runs, configs)
+        elif mechanism.measure in FROM_CONFIG and planned and label in planned:
+            m = fn((), (planned[label],))
+            out[label] = Measurement(m.value, f"{m.text} (the planned config; not run)")
+    return out
 
 
 def inert(mechanism: Mechanism, found: Mapping[str, Measurement]) -> dict[str, str]:

@@ -60,11 +60,14 @@ class Reproduction:
     out: Path
     analysis: TableAnalysis | None = None
     evidence: Path | None = None
+    planned: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per row label, the resolved config its runs take at this budget (seed 0)."""
 
     def measurements(self) -> dict[str, dict[str, Measurement]]:
-        """Per mechanism check of the table: each of its rows' measurement from the kept runs."""
+        """Per mechanism check of the table: each of its rows' measurement from the kept runs
+        (or, for a measurement of the config alone, from the planned config)."""
         found = {r.row.label: (r.dirs, r.configs) for r in self.rows}
-        return {m.id: measure(m, found) for m in self.table.mechanisms}
+        return {m.id: measure(m, found, self.planned) for m in self.table.mechanisms}
 
     def inert(self) -> dict[str, str]:
         """The rows whose mechanism is measured inert, each with its measurement."""
