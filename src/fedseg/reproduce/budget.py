@@ -29,9 +29,9 @@ import yaml
 from fedseg.config import parse_config
 from fedseg.errors import ConfigError
 from fedseg.reporting.runs import read_results, read_rounds
-from fedseg.reproduce.harness import EVIDENCE_ROOT, row_config, slug
+from fedseg.reproduce.harness import EVIDENCE_ROOT, planned_configs, row_config, slug
 from fedseg.reproduce.papers import PAPERS_DIR, PaperTable, load_paper
-from fedseg.reproduce.protocol import FROM_CONFIG, inert, measure
+from fedseg.reproduce.protocol import inert, measure
 from fedseg.reproduce.runs import Job, run_jobs
 
 __all__ = [
@@ -285,14 +285,10 @@ def fixed_overrides(items: Sequence[str]) -> dict[str, Any]:
 def inert_rows(table: PaperTable, fixed: dict[str, Any]) -> dict[str, str]:
     """Rows of ``table`` that a check of the config alone (:data:`~.protocol.FROM_CONFIG`)
     finds inert at the budget's ``fixed`` overrides (label -> the measurement)."""
-    checks = [m for m in table.mechanisms if m.measure in FROM_CONFIG]
+    planned = planned_configs(table, "evidence", fixed, ())
     out: dict[str, str] = {}
-    for row in table.rows:
-        if any(row.label in m.rows for m in checks):
-            raw, path = row_config(row, "evidence", fixed, ())
-            planned = {row.label: parse_config(raw, str(path)).model_dump(mode="json")}
-            for m in checks:
-                out.update(inert(m, measure(m, {}, planned)))
+    for m in table.mechanisms:
+        out.update(inert(m, measure(m, {}, planned)))
     return out
 
 
