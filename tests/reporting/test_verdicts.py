@@ -492,6 +492,9 @@ def test_a_measured_budget_is_recorded_in_the_paper_file(tmp_path):
     # each row's own cost: (1 + 3) CPU s x 8 rounds x 3 seeds / 2 cores
     assert entry["table_hours"] == round(4.0 * 8 * 3 / 2 / 3600, 1)
     assert cal.table_hours(900) == pytest.approx(4.0 * 900 * 3 / 2 / 3600)
+    assert "Left out" not in cal.report()
+    cal.left_out = {"C": "4 tokens per branch (< 8)"}  # a row inert by its config: not probed
+    assert "\n- C: 4 tokens per branch (< 8)\n" in cal.report()
 
 
 def test_calibration_probes_the_cost_of_every_row_once(tmp_path, monkeypatch):

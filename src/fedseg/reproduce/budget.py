@@ -190,6 +190,7 @@ class Calibration:
                 + f" | {cpu:.1f} | {'yes' if a.converged() else 'no'} |"
             )
         last = self.attempts[-1]
+        left_out = [f"- {row}: {why}" for row, why in self.left_out.items()]
         lines += [
             "",
             f"Budget: `train.rounds: {last.rounds}` ({self.status}); estimated "
@@ -202,10 +203,15 @@ class Calibration:
             *(f"| {row} | {cpu:.1f} |" for row, cpu in self.row_cpu.items()),
             "",
             *(
-                f"Left out of the estimate (inert at this size, so not run here): {row}: {why}."
-                for row, why in self.left_out.items()
+                [
+                    "Left out of the estimate (inert at this size, so not run here):",
+                    "",
+                    *left_out,
+                    "",
+                ]
+                if left_out
+                else []
             ),
-            *([""] if self.left_out else []),
             "Paper-file entry (`evidence_budget:`):",
             "",
             "```yaml",
