@@ -189,6 +189,28 @@ def test_synergynet_claims_are_not_testable_before_any_run_and_left_out_of_the_b
     assert inert_rows(table, {"data.synth.size": 128}) == {}
 
 
+def test_the_cost_probe_skips_the_rows_left_out(tmp_path, monkeypatch):
+    from fedseg.reproduce import budget
+    from fedseg.reproduce.runs import Finished
+
+    probed = []
+
+    def fake_jobs(jobs, workers):  # record what would train; each probe 1 CPU s a round
+        for i, job in enumerate(jobs):
+            probed.append(job.run_dir.name)
+            timing = {"round_seconds": [1.0] * 3, "round_cpu_seconds": [1.0] * 3}
+            yield Finished(i, {"timing": timing}, job.run_dir, 1.0, False)
+
+    monkeypatch.setattr(budget, "run_jobs", fake_jobs)
+    table = load_paper("pancreas3d").table("table2")
+    fixed = {"data.synth.size": 32}
+    costs = budget.probe_costs(
+        table, fixed, tmp_path / "b", tmp_path / "o", skip=budget.inert_rows(table, fixed)
+    )
+    assert list(costs) == ["No FL", "FedAvg", "FedAvg+AAW", "FedProx+AAW (not in the paper)"]
+    assert not any("synergynet" in name for name in probed) and len(probed) == 4
+
+
 def test_the_pancreas_experiments_train_an_epoch_per_round_with_3_validation_volumes(tmp_path):
     from fedseg.reproduce.harness import _seed_runs
 

@@ -245,8 +245,10 @@ def reproduce(
         if evidence is None:
             raise ConfigError("--render-only renders an evidence page: give --budget evidence")
         kept = [r for r in (kept_runs(evidence, row) for row in t.rows) if r is not None]
-        rep = Reproduction(p, t, budget, stated, seeds, kept, out, evidence=evidence)
-        rep.planned = planned_configs(t, budget, budget_set, overrides)
+        planned = planned_configs(t, budget, budget_set, overrides)
+        rep = Reproduction(
+            p, t, budget, stated, seeds, kept, out, evidence=evidence, planned=planned
+        )
         _write_pages(rep, command)
         return rep
     chosen = _select(t, rows)
@@ -264,9 +266,9 @@ def reproduce(
         found = [done.get(r.label) or kept_result(r) for r in t.rows] if evidence else []
         ordered = [r for r in found if r is not None]
         ordered = ordered or [done[r.label] for r in chosen if r.label in done]
-        rep = Reproduction(p, t, budget, stated, seeds, ordered, out, evidence=evidence)
-        rep.planned = planned
-        return rep
+        return Reproduction(
+            p, t, budget, stated, seeds, ordered, out, evidence=evidence, planned=planned
+        )
 
     def kept_result(row: PaperRow) -> RowResult | None:
         result = RowResult(row)

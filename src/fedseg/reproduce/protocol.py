@@ -331,7 +331,7 @@ def measure(
         runs, configs = rows.get(label, ((), ()))
         if runs:
             out[label] = fn(runs, configs)
-        elif mechanism.measure in FROM_CONFIG and planned and label in planned:
+        elif mechanism.measure in FROM_CONFIG and label in (planned or {}):
             m = fn((), (planned[label],))
             out[label] = Measurement(m.value, f"{m.text} (the planned config; not run)")
     return out

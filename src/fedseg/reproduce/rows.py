@@ -61,7 +61,8 @@ class Reproduction:
     analysis: TableAnalysis | None = None
     evidence: Path | None = None
     planned: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Per row label, the resolved config its runs take at this budget (seed 0)."""
+    """The resolved config (seed 0) at this budget of each row a check of the config alone
+    measures (:data:`~.protocol.FROM_CONFIG`), so that a row not run is measured too."""
 
     def measurements(self) -> dict[str, dict[str, Measurement]]:
         """Per mechanism check of the table: each of its rows' measurement from the kept runs
