@@ -169,7 +169,7 @@ def test_synergynet_claims_are_not_testable_before_any_run_and_left_out_of_the_b
     from fedseg.reproduce.protocol import NOT_TESTABLE
 
     rep = reproduce(
-        "pancreas3d", "table2", "evidence", evidence=tmp_path / "page", render_only=True
+        "pancreas3d", "table2-t1", "smoke", evidence=tmp_path / "page", render_only=True
     )
     verdicts = {v.claim.id: v.verdict for v in rep.analysis.claims}
     synergy = {k: v for k, v in verdicts.items() if k.endswith("-synergynet")}
@@ -178,7 +178,7 @@ def test_synergynet_claims_are_not_testable_before_any_run_and_left_out_of_the_b
     page = (tmp_path / "page" / "table.md").read_text()
     assert "(the planned config; not run)" in page and "seeds per row: none yet" in page
 
-    table = load_paper("pancreas3d").table("table2")
+    table = load_paper("pancreas3d").table("table2-t1")
     left_out = inert_rows(table, {"data.synth.size": 32})
     assert sorted(left_out) == [
         "FedAvg (SynergyNet)",
@@ -202,7 +202,7 @@ def test_the_cost_probe_skips_the_rows_left_out(tmp_path, monkeypatch):
             yield Finished(i, {"timing": timing}, job.run_dir, 1.0, False)
 
     monkeypatch.setattr(budget, "run_jobs", fake_jobs)
-    table = load_paper("pancreas3d").table("table2")
+    table = load_paper("pancreas3d").table("table2-t1")
     fixed = {"data.synth.size": 32}
     costs = budget.probe_costs(
         table, fixed, tmp_path / "b", tmp_path / "o", skip=budget.inert_rows(table, fixed)
@@ -223,7 +223,8 @@ def test_the_pancreas_experiments_train_an_epoch_per_round_with_3_validation_vol
             ((_, _, cfg, _),) = _seed_runs(row, "evidence", {"data.synth.size": 32}, [], 1)
             assert cfg.data.synth.task == task
             assert (cfg.train.local_epochs, cfg.train.batch_size, cfg.train.lr) == (1, 8, 1e-4)
-    assert paper.table("table2").changed is not None  # the mixed table waits for its rerun
+    assert list(paper.tables) == ["table2-t1", "table2-t2"]  # the mixed table is archived
+    assert not any(i.status == "unforced" for t in paper.tables.values() for i in t.protocol)
     raw = yaml.safe_load((PAPERS_DIR / "pancreas3d.yaml").read_text())
     assert raw["distance_unit"] == "mm"
 
