@@ -4,6 +4,7 @@ Docs, protocol sheets and code cite the paper itself (authors, venue, section, t
 public repository at a commit.
 """
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -37,3 +38,22 @@ def test_no_tracked_file_cites_the_shared_folder() -> None:
     assert not hits, "cite the paper (authors, venue, section, table) instead of:\n" + "\n".join(
         hits
     )
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def test_every_relative_link_in_the_markdown_resolves() -> None:
+    """A page moved (e.g. into docs/evidence/archive/) leaves no link to its old place."""
+    broken = []
+    for path in _tracked_files():
+        if path.suffix != ".md" or not path.is_file():
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for target in LINK.findall(line):
+                target = target.split("#")[0]
+                if not target or "://" in target or target.startswith("mailto:"):
+                    continue
+                if not (path.parent / target).exists():
+                    broken.append(f"{path.relative_to(ROOT)}:{number}: {target}")
+    assert not broken, "links to nothing:\n" + "\n".join(broken)
