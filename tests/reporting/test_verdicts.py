@@ -676,6 +676,25 @@ def test_render_only_trains_nothing_and_marks_a_changed_table(tmp_path, toy_pape
         reproduce("toy", "t", "smoke", tmp_path / "x", render_only=True)
 
 
+def test_a_cost_per_key_follows_what_the_runs_recorded(tmp_path, toy_paper):
+    raw, write = toy_paper
+    sheet = [
+        {"aspect": a, "paper": "not stated", "ours": "x", "status": "not stated"}
+        for a in protocol.ASPECTS
+    ]
+    sheet[4] = {"aspect": "rounds", "paper": "400", "ours": "the budget", "status": "forced",
+                "keys": ["train.rounds"], "why": "CPU",
+                "cost": {"per": "train.rounds", "paper": 400}}  # fmt: skip
+    raw["tables"]["t"]["protocol"] = sheet
+    write(raw)
+    evidence = tmp_path / "evidence" / "toy-t"
+    reproduce("toy", "t", "evidence", tmp_path / "out", evidence=evidence)
+    page = (evidence / "table.md").read_text()
+    row = next(line for line in page.splitlines() if line.startswith("| rounds |"))
+    assert row.startswith("| rounds | 400 | the budget | `train.rounds` 2 | **forced**: about ")
+    assert row.endswith(" CPU h (400 / 2 rounds); CPU |")
+
+
 def test_the_authors_code_rows_read_the_claims_again(tmp_path, toy_paper):
     """A parity arm stands in for its row where it shares the seed and budget; the page, its
     summary and the index show the claim's verdict with it beside fedseg's."""

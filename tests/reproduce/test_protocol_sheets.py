@@ -52,6 +52,14 @@ def _raw_table(**extra):
         (lambda t: t["protocol"][1].update(status="unforced"), "an unforced difference must"),
         (lambda t: t.update(changed={"date": "1 Dec", "what": "x"}), "changed.date"),
         (
+            lambda t: t["protocol"][4].update(why="CPU", cost={"per": "train.rounds"}),
+            "expected either 'factor' and 'basis', or 'per' and 'paper'",
+        ),
+        (
+            lambda t: t["protocol"][4].update(why="CPU", cost={"factor": 2.0}),
+            "a 'factor' needs its 'basis'",
+        ),
+        (
             lambda t: t.update(
                 mechanisms=[{"id": "m", "what": "w", "rows": ["A"], "measure": "?"}]
             ),

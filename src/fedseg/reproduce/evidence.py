@@ -14,7 +14,7 @@ from typing import Any
 from fedseg.reporting.stats import ALPHA, Comparison, format_p
 from fedseg.reproduce.papers import PaperTable
 from fedseg.reproduce.parity import authors_claims, parity_lines
-from fedseg.reproduce.protocol import NOT_TESTABLE, Changed
+from fedseg.reproduce.protocol import NOT_TESTABLE, Changed, ProtocolItem
 from fedseg.reproduce.rows import Reproduction
 
 __all__ = ["render_claims_csv", "render_csv", "render_markdown", "write_index", "write_table"]
@@ -167,8 +167,9 @@ def _protocol_lines(rep: Reproduction) -> list[str]:
     ]
     for item in t.protocol:
         status = f"**{item.status}**" if item.status in ("forced", "unforced") else item.status
-        if item.cost is not None and rep.rows:
-            status += f": about {item.cost.factor * cpu_h:,.0f} CPU h ({item.cost.basis})"
+        cost = _cost(rep, item)
+        if cost is not None and rep.rows:
+            status += f": about {cost[0] * cpu_h:,.0f} CPU h ({cost[1]})"
         if item.why:
             status += f"; {item.why}"
         recorded = "; ".join(f"`{k}` {_recorded(rep, k)}" for k in item.keys) or "—"
@@ -176,8 +177,24 @@ def _protocol_lines(rep: Reproduction) -> list[str]:
     return lines
 
 
-def _recorded(rep: Reproduction, key: str) -> str:
-    """The values of config ``key`` over the table's kept runs (several joined by /)."""
+def _cost(rep: Reproduction, item: ProtocolItem) -> tuple[float, str] | None:
+    """A forced difference's cost factor and its basis; None where it has none, or where it
+    scales with a key the kept runs recorded with more than one value."""
+    c = item.cost
+    if c is None or not c.per:
+        return None if c is None else (c.factor, c.basis)
+    values = _recorded_values(rep, c.per)
+    if len(values) != 1:
+        return None
+    try:
+        ours = float(values[0])
+    except ValueError:
+        return None
+    return c.paper / ours, f"{c.paper:g} / {ours:g} {item.aspect}"
+
+
+def _recorded_values(rep: Reproduction, key: str) -> list[str]:
+    """The distinct values of config ``key`` over the table's kept runs, in run order."""
     values = []
     for rr in rep.rows:
         for cfg in rr.configs:
@@ -186,7 +203,12 @@ def _recorded(rep: Reproduction, key: str) -> str:
                 node = node.get(part) if isinstance(node, dict) else None
             if str(node) not in values:
                 values.append(str(node))
-    return " / ".join(values) or "—"
+    return values
+
+
+def _recorded(rep: Reproduction, key: str) -> str:
+    """The values of config ``key`` over the table's kept runs (several joined by /)."""
+    return " / ".join(_recorded_values(rep, key)) or "—"
 
 
 def _mechanism_lines(rep: Reproduction) -> list[str]:

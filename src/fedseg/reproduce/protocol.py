@@ -67,11 +67,24 @@ class _Strict(BaseModel):
 
 
 class Cost(_Strict):
-    """What the paper's setting would take: ``factor`` times the table's measured CPU time."""
+    """What the paper's setting would take: ``factor`` times the table's measured CPU time;
+    or, with ``per`` (a config key the CPU time grows with linearly, e.g. ``train.rounds``),
+    the paper's value of that key over the one the kept runs recorded."""
 
-    factor: PositiveFloat
-    basis: str = Field(min_length=1)
+    factor: PositiveFloat | None = None
+    basis: str = ""
     """How the factor follows from the two settings (e.g. ``(384/64)^2 pixels``)."""
+    per: str = ""
+    paper: PositiveFloat | None = None
+    """The paper's value of ``per``."""
+
+    @model_validator(mode="after")
+    def _one_form(self) -> Cost:
+        if (self.factor is None) == (not self.per) or (self.per and self.paper is None):
+            raise ValueError("expected either 'factor' and 'basis', or 'per' and 'paper'")
+        if self.factor is not None and not self.basis:
+            raise ValueError("a 'factor' needs its 'basis'")
+        return self
 
 
 class ProtocolItem(_Strict):
