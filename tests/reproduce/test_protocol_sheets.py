@@ -185,6 +185,7 @@ def test_synergynet_claims_are_not_testable_before_any_run_and_left_out_of_the_b
     assert {v for k, v in verdicts.items() if k not in synergy} == {"not run"}
     page = (tmp_path / "page" / "table.md").read_text()
     assert "(the planned config; not run)" in page and "seeds per row: none yet" in page
+    assert "Time of the table" not in page  # no runs, no time line
 
     table = load_paper("pancreas3d").table("table2-t1")
     left_out = inert_rows(table, {"data.synth.size": 32})

@@ -272,11 +272,12 @@ def render_markdown(rep: Reproduction) -> str:
     ]
     runs = sum(len(rr.results) for rr in rep.rows)
     wall, cpu = (sum(getattr(rr, k) for rr in rep.rows) / 3600 for k in ("seconds", "cpu_seconds"))
-    lines += [
-        "",
-        f"Time of the table, summed over its {runs} runs: {wall:.2f} h wall, {cpu:.2f} h CPU. "
-        + _machines_line(rep),
-    ]
+    if runs:
+        lines += [
+            "",
+            f"Time of the table, summed over its {runs} runs: {wall:.2f} h wall, {cpu:.2f} h "
+            "CPU. " + _machines_line(rep),
+        ]
     if a is not None and a.cases:
         lines += ["", "![Per-case values of every row, with each row's median](strip.png)"]
     if t.notes:
