@@ -640,14 +640,19 @@ def test_a_claim_on_a_row_measured_inert_is_not_testable(tmp_path):
     assert analyse(table, runs, ["dsc"], inert={"other": "x"}).claims[0].verdict == "holds"
 
 
-def test_render_only_trains_nothing_and_marks_a_changed_table(tmp_path, toy_paper):
-    raw, write = toy_paper
+def _sheet(rounds: dict) -> list[dict]:
+    """A protocol sheet whose aspects are all "not stated" but its ``rounds`` item."""
     sheet = [
         {"aspect": a, "paper": "not stated", "ours": "x", "status": "not stated"}
         for a in protocol.ASPECTS
     ]
-    sheet[4] = {"aspect": "rounds", "paper": "400", "ours": "2", "status": "forced",
-                "why": "CPU", "cost": {"factor": 200, "basis": "400 / 2 rounds"}}  # fmt: skip
+    sheet[4] = {"aspect": "rounds", "paper": "400", "status": "forced", "why": "CPU", **rounds}
+    return sheet
+
+
+def test_render_only_trains_nothing_and_marks_a_changed_table(tmp_path, toy_paper):
+    raw, write = toy_paper
+    sheet = _sheet({"ours": "2", "cost": {"factor": 200, "basis": "400 / 2 rounds"}})
     raw["tables"]["t"]["protocol"] = sheet
     write(raw)
     evidence = tmp_path / "evidence" / "toy-t"
@@ -678,14 +683,9 @@ def test_render_only_trains_nothing_and_marks_a_changed_table(tmp_path, toy_pape
 
 def test_a_cost_per_key_follows_what_the_runs_recorded(tmp_path, toy_paper):
     raw, write = toy_paper
-    sheet = [
-        {"aspect": a, "paper": "not stated", "ours": "x", "status": "not stated"}
-        for a in protocol.ASPECTS
-    ]
-    sheet[4] = {"aspect": "rounds", "paper": "400", "ours": "the budget", "status": "forced",
-                "keys": ["train.rounds"], "why": "CPU",
-                "cost": {"per": "train.rounds", "paper": 400}}  # fmt: skip
-    raw["tables"]["t"]["protocol"] = sheet
+    cost = {"per": "train.rounds", "paper": 400}
+    rounds = {"ours": "the budget", "keys": ["train.rounds"], "cost": cost}
+    raw["tables"]["t"]["protocol"] = _sheet(rounds)
     write(raw)
     evidence = tmp_path / "evidence" / "toy-t"
     reproduce("toy", "t", "evidence", tmp_path / "out", evidence=evidence)
