@@ -60,6 +60,12 @@ def _raw_table(**extra):
             "a 'factor' needs its 'basis'",
         ),
         (
+            lambda t: t["protocol"][4].update(
+                why="CPU", cost={"factor": 2.0, "basis": "b", "paper": 300}
+            ),
+            "expected either 'factor' and 'basis', or 'per' and 'paper'",
+        ),
+        (
             lambda t: t.update(
                 mechanisms=[{"id": "m", "what": "w", "rows": ["A"], "measure": "?"}]
             ),

@@ -167,9 +167,8 @@ def _protocol_lines(rep: Reproduction) -> list[str]:
     ]
     for item in t.protocol:
         status = f"**{item.status}**" if item.status in ("forced", "unforced") else item.status
-        cost = _cost(rep, item)
-        if cost is not None and rep.rows:
-            status += f": about {cost[0] * cpu_h:,.0f} CPU h ({cost[1]})"
+        if item.cost is not None and rep.rows:
+            status += _cost_text(rep, item, cpu_h)
         if item.why:
             status += f"; {item.why}"
         recorded = "; ".join(f"`{k}` {_recorded(rep, k)}" for k in item.keys) or "—"
@@ -177,20 +176,21 @@ def _protocol_lines(rep: Reproduction) -> list[str]:
     return lines
 
 
-def _cost(rep: Reproduction, item: ProtocolItem) -> tuple[float, str] | None:
-    """A forced difference's cost factor and its basis; None where it has none, or where it
-    scales with a key the kept runs recorded with more than one value."""
+def _cost_text(rep: Reproduction, item: ProtocolItem, cpu_h: float) -> str:
+    """``: about N CPU h (basis)`` for a forced difference with a cost; where the cost scales
+    with a key the kept runs did not record as one positive number, says so instead."""
     c = item.cost
-    if c is None or not c.per:
-        return None if c is None else (c.factor, c.basis)
+    assert c is not None
+    if not c.per:
+        return f": about {c.factor * cpu_h:,.0f} CPU h ({c.basis})"
     values = _recorded_values(rep, c.per)
-    if len(values) != 1:
-        return None
     try:
-        ours = float(values[0])
+        (ours,) = (float(v) for v in values)
     except ValueError:
-        return None
-    return c.paper / ours, f"{c.paper:g} / {ours:g} {item.aspect}"
+        ours = 0.0
+    if ours <= 0:
+        return f": no cost given (`{c.per}` recorded as {' / '.join(values)})"
+    return f": about {c.paper / ours * cpu_h:,.0f} CPU h ({c.paper:g} / {ours:g} {item.aspect})"
 
 
 def _recorded_values(rep: Reproduction, key: str) -> list[str]:

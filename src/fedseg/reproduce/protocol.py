@@ -80,7 +80,8 @@ class Cost(_Strict):
 
     @model_validator(mode="after")
     def _one_form(self) -> Cost:
-        if (self.factor is None) == (not self.per) or (self.per and self.paper is None):
+        by_key = bool(self.per)
+        if (self.factor is None) != by_key or (self.paper is None) == by_key:
             raise ValueError("expected either 'factor' and 'basis', or 'per' and 'paper'")
         if self.factor is not None and not self.basis:
             raise ValueError("a 'factor' needs its 'basis'")
