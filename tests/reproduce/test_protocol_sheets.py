@@ -226,6 +226,34 @@ def test_the_cost_probe_skips_the_rows_left_out(tmp_path, monkeypatch):
     assert not any("synergynet" in name for name in probed) and len(probed) == 4
 
 
+class _Planned(Exception):
+    """Raised by a stand-in for run_jobs once it has seen what would train."""
+
+
+def test_reproduce_skips_rows_inert_by_config_unless_a_row_names_them(monkeypatch, caplog):
+    from fedseg.reproduce import harness
+
+    planned: list[list[str]] = []
+
+    def record(jobs, workers):  # what would train, then stop before any training
+        planned.append([str(job.run_dir.relative_to(job.run_dir.parents[1])) for job in jobs])
+        raise _Planned
+        yield
+
+    monkeypatch.setattr(harness, "run_jobs", record)
+    with pytest.raises(_Planned), caplog.at_level("WARNING"):
+        harness.reproduce("pancreas3d", "table2-t1", "smoke", out=Path("unused"))
+    rows = sorted({name.split("/")[0] for name in planned[-1]})
+    assert rows == ["fedavg", "fedavg-aaw", "fedprox-aaw-not-in-the-paper", "no-fl"]
+    skipped = [r.getMessage() for r in caplog.records if "not trained" in r.getMessage()]
+    assert len(skipped) == 3 and all("bottleneck 1 x 2 x 2" in m for m in skipped)
+    with pytest.raises(_Planned):  # named, it trains (the user asked for it)
+        harness.reproduce(
+            "pancreas3d", "table2-t1", "smoke", out=Path("unused"), rows=["No FL (SynergyNet)"]
+        )
+    assert planned[-1] == ["no-fl-synergynet/seed0"]
+
+
 def test_the_pancreas_experiments_train_an_epoch_per_round_with_3_validation_volumes(tmp_path):
     from fedseg.reproduce.harness import _seed_runs
 

@@ -29,9 +29,14 @@ import yaml
 from fedseg.config import parse_config
 from fedseg.errors import ConfigError
 from fedseg.reporting.runs import read_results, read_rounds
-from fedseg.reproduce.harness import EVIDENCE_ROOT, planned_configs, row_config, slug
+from fedseg.reproduce.harness import (
+    EVIDENCE_ROOT,
+    planned_configs,
+    planned_inert,
+    row_config,
+    slug,
+)
 from fedseg.reproduce.papers import PAPERS_DIR, PaperTable, load_paper
-from fedseg.reproduce.protocol import inert, measure
 from fedseg.reproduce.runs import Job, run_jobs
 
 __all__ = [
@@ -291,11 +296,7 @@ def fixed_overrides(items: Sequence[str]) -> dict[str, Any]:
 def inert_rows(table: PaperTable, fixed: dict[str, Any]) -> dict[str, str]:
     """Rows of ``table`` that a check of the config alone (:data:`~.protocol.FROM_CONFIG`)
     finds inert at the budget's ``fixed`` overrides (label -> the measurement)."""
-    planned = planned_configs(table, "evidence", fixed, ())
-    out: dict[str, str] = {}
-    for m in table.mechanisms:
-        out.update(inert(m, measure(m, {}, planned)))
-    return out
+    return planned_inert(table, planned_configs(table, "evidence", fixed, ()))
 
 
 def probe_costs(

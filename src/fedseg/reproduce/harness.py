@@ -32,7 +32,7 @@ from fedseg.errors import ConfigError
 from fedseg.reporting.runs import read_results
 from fedseg.reproduce.evidence import write_index, write_table
 from fedseg.reproduce.papers import Paper, PaperRow, PaperTable, load_paper
-from fedseg.reproduce.protocol import FROM_CONFIG
+from fedseg.reproduce.protocol import FROM_CONFIG, inert_labels, measure
 from fedseg.reproduce.rows import Reproduction, RowResult
 from fedseg.reproduce.runs import (
     Finished,
@@ -253,6 +253,11 @@ def reproduce(
         return rep
     chosen = _select(t, rows)
     planned = planned_configs(t, budget, budget_set, overrides)
+    if not rows:  # a row its config alone shows inert here can get no verdict: train it asked
+        skipped = planned_inert(t, planned)
+        for label, why in skipped.items():
+            log.warning("%s: not trained, inert at this budget (%s); --row trains it", label, why)
+        chosen = [r for r in chosen if r.label not in skipped]
     done: dict[str, RowResult] = {}
     if evidence is not None:  # every kept run the page reads, before anything trains
         for r in t.rows:
@@ -346,6 +351,12 @@ def planned_configs(
             raw, path = row_config(row, budget, budget_set, overrides)
             out[row.label] = parse_config(raw, str(path)).model_dump(mode="json")
     return out
+
+
+def planned_inert(table: PaperTable, planned: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Rows of ``table`` that a check of the config alone finds inert in its ``planned``
+    configs (:func:`planned_configs`), each with the measurement."""
+    return inert_labels(table.mechanisms, (measure(m, {}, planned) for m in table.mechanisms))
 
 
 def _seed_runs(

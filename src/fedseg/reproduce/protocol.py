@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -39,6 +39,7 @@ __all__ = [
     "Mechanism",
     "ProtocolItem",
     "inert",
+    "inert_labels",
     "measure",
     "parse_protocol",
 ]
@@ -348,6 +349,18 @@ def measure(
         elif mechanism.measure in FROM_CONFIG and label in (planned or {}):
             m = fn((), (planned[label],))
             out[label] = Measurement(m.value, f"{m.text} (the planned config; not run)")
+    return out
+
+
+def inert_labels(
+    mechanisms: Sequence[Mechanism], found: Iterable[Mapping[str, Measurement]]
+) -> dict[str, str]:
+    """The rows any of ``mechanisms`` (each with its rows' measurements in ``found``, in the
+    same order) measures inert, each with its measurements joined."""
+    out: dict[str, str] = {}
+    for m, rows in zip(mechanisms, found, strict=True):
+        for label, why in inert(m, rows).items():
+            out[label] = f"{out[label]}; {why}" if label in out else why
     return out
 
 

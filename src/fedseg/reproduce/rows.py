@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from fedseg.reproduce.papers import Paper, PaperRow, PaperTable
-from fedseg.reproduce.protocol import Measurement, inert, measure
+from fedseg.reproduce.protocol import Measurement, inert_labels, measure
 from fedseg.reproduce.verdicts import RowRuns, TableAnalysis
 
 __all__ = ["Reproduction", "RowResult"]
@@ -72,8 +72,4 @@ class Reproduction:
 
     def inert(self) -> dict[str, str]:
         """The rows whose mechanism is measured inert, each with its measurement."""
-        out: dict[str, str] = {}
-        for m, found in zip(self.table.mechanisms, self.measurements().values(), strict=True):
-            for label, why in inert(m, found).items():
-                out[label] = f"{out[label]}; {why}" if label in out else why
-        return out
+        return inert_labels(self.table.mechanisms, self.measurements().values())
