@@ -693,6 +693,19 @@ def test_a_cost_per_key_follows_what_the_runs_recorded(tmp_path, toy_paper):
     row = next(line for line in page.splitlines() if line.startswith("| rounds |"))
     assert row.startswith("| rounds | 400 | the budget | `train.rounds` 2 | **forced**: about ")
     assert row.endswith(" CPU h (400 / 2 rounds); CPU |")
+    # the budget recalibrated to 3 rounds and row B's run replaced by one at it (the page
+    # before its rerun ends): the kept runs disagree, so no cost is given
+    raw["evidence_budget"]["toyfed"]["set"]["train.rounds"] = 3
+    write(raw)
+    other = tmp_path / "evidence-3"
+    reproduce("toy", "t", "evidence", tmp_path / "b3", evidence=other, rows=["B"])
+    shutil.rmtree(evidence / "runs" / "b")
+    shutil.copytree(other / "runs" / "b", evidence / "runs" / "b")
+    reproduce("toy", "t", "evidence", tmp_path / "re", evidence=evidence, render_only=True)
+    page = (evidence / "table.md").read_text()
+    row = next(line for line in page.splitlines() if line.startswith("| rounds |"))
+    assert "**forced**: no cost given (`train.rounds` recorded as 2 / 3); CPU |" in row
+    assert "CPU h" not in row
 
 
 def test_the_authors_code_rows_read_the_claims_again(tmp_path, toy_paper):
