@@ -247,7 +247,11 @@ def reproduce(
                     listing.add_row(name, t.name, str(len(t.rows)), t.title)
             console.print(listing)
             return
-        logging.basicConfig(level=logging.WARNING, force=True)
+        from rich.logging import RichHandler
+
+        handler = RichHandler(console=err, show_path=False, show_time=False)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logging.basicConfig(level=logging.WARNING, force=True, handlers=[handler])
 
         def done(name: str, _: object, seconds: float) -> None:
             err.print(f"{name}: done in {seconds:.0f}s", highlight=False)
