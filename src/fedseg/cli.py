@@ -186,7 +186,11 @@ def reproduce(
     ] = None,
     seeds: Annotated[int, typer.Option(help="Seeds per row (mean ± std when > 1).")] = 1,
     row: Annotated[
-        list[str] | None, typer.Option(help="Only this row (label or 1-based index; repeatable).")
+        list[str] | None,
+        typer.Option(
+            help="Only this row (label or 1-based index; repeatable); a row named here trains "
+            "even where its config is measured inert at the budget."
+        ),
     ] = None,
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Override for every run: key.sub=value.")

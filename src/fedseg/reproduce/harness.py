@@ -217,7 +217,9 @@ def reproduce(
 ) -> Reproduction:
     """Run the rows of ``paper``'s ``table`` (all, or those named in ``rows`` by label or
     1-based index) ``seeds`` times each at ``budget``; ``overrides`` (``key=value``) come
-    last. Writes ``OUT/<row>/seed<k>`` run directories and ``OUT/table.md`` / ``table.csv``
+    last. Without ``rows``, a row that a check of its config alone finds inert at this budget
+    (:func:`planned_inert`) is not trained, with a warning naming the measurement.
+    Writes ``OUT/<row>/seed<k>`` run directories and ``OUT/table.md`` / ``table.csv``
     with the statistics and the claims' verdicts. With an ``evidence`` folder (the default
     for ``--budget evidence`` without ``overrides``: docs/evidence/<paper>-<table>, which
     keeps that budget alone: see :func:`refuse_other_budget`) a run whose small files are
