@@ -14,7 +14,7 @@ from typing import Any
 from fedseg.reporting.stats import ALPHA, Comparison, format_p
 from fedseg.reproduce.papers import PaperTable
 from fedseg.reproduce.parity import authors_claims, parity_lines
-from fedseg.reproduce.protocol import NOT_TESTABLE, Changed, ProtocolItem
+from fedseg.reproduce.protocol import NOT_TESTABLE, Changed, Cost
 from fedseg.reproduce.rows import Reproduction
 
 __all__ = ["render_claims_csv", "render_csv", "render_markdown", "write_index", "write_table"]
@@ -168,7 +168,7 @@ def _protocol_lines(rep: Reproduction) -> list[str]:
     for item in t.protocol:
         status = f"**{item.status}**" if item.status in ("forced", "unforced") else item.status
         if item.cost is not None and rep.rows:
-            status += _cost_text(rep, item, cpu_h)
+            status += _cost_text(rep, item.cost, item.aspect, cpu_h)
         if item.why:
             status += f"; {item.why}"
         recorded = "; ".join(f"`{k}` {_recorded(rep, k)}" for k in item.keys) or "—"
@@ -176,11 +176,9 @@ def _protocol_lines(rep: Reproduction) -> list[str]:
     return lines
 
 
-def _cost_text(rep: Reproduction, item: ProtocolItem, cpu_h: float) -> str:
-    """``: about N CPU h (basis)`` for a forced difference with a cost; where the cost scales
-    with a key the kept runs did not record as one positive number, says so instead."""
-    c = item.cost
-    assert c is not None
+def _cost_text(rep: Reproduction, c: Cost, aspect: str, cpu_h: float) -> str:
+    """``: about N CPU h (basis)`` for a forced difference's cost ``c``; where it scales with
+    a key the kept runs did not record as one positive number, says so instead."""
     if not c.per:
         return f": about {c.factor * cpu_h:,.0f} CPU h ({c.basis})"
     values = _recorded_values(rep, c.per)
@@ -190,7 +188,7 @@ def _cost_text(rep: Reproduction, item: ProtocolItem, cpu_h: float) -> str:
         ours = 0.0
     if ours <= 0:
         return f": no cost given (`{c.per}` recorded as {' / '.join(values)})"
-    return f": about {c.paper / ours * cpu_h:,.0f} CPU h ({c.paper:g} / {ours:g} {item.aspect})"
+    return f": about {c.paper / ours * cpu_h:,.0f} CPU h ({c.paper:g} / {ours:g} {aspect})"
 
 
 def _recorded_values(rep: Reproduction, key: str) -> list[str]:
