@@ -33,9 +33,12 @@ PAPER_READING = "archive/fedlppa-table3-variant-paper/fedlppa-table3/runs/fedlpp
 BCS = "parity/fedbcs-table1-nuclei/runs"
 """FedBCS with (``--arch fsr``) and without FSR (``--arch unet``) on Table 1's nuclei federation;
 the ``fedseg paper`` arms are the evidence rows (FedBCS's default, ``variant: paper``), which
-augmented until the rerun that follows 2026-12-04; ``fedseg authors`` trains without
+augmented until the rerun that follows 2026-12-04; ``fedseg authors + clamp`` trains without
 augmentation, as the code does on nuclei."""
-BCS_AUG = "fedseg authors, fedseg's augmentation"
+BCS_AUTHORS = "fedseg authors + clamp"
+"""``variant: authors`` with ``method.clamp: true``: the code's settings and its clamped
+L_contra (the variant held the clamp until 2026-12-05; it is a defect of the code since)."""
+BCS_AUG = "fedseg authors + clamp, fedseg's augmentation"
 """``variant: authors`` with fedseg's flips, right-angle rotations and intensity jitter (the
 arm until 2026-12-04, when the code was found to train its nuclei federation without any)."""
 WD_1E4 = "archive/fedlppa-table3-wd1e-4/runs"
@@ -82,13 +85,13 @@ TABLES: dict[str, dict[str, dict[str, str]]] = {
     "fedbcs-table1-nuclei": {
         "FedBCS": {
             "authors": f"{BCS}/authors-fsr",
-            "fedseg authors": f"{BCS}/fedseg-authors-fsr",
+            BCS_AUTHORS: f"{BCS}/fedseg-authors-fsr",
             BCS_AUG: f"{BCS}/fedseg-authors-aug-fsr",
             "fedseg paper": "archive/fedbcs-nuclei-augmented-r104/fedbcs-table1-nuclei/runs/fedbcs",
         },
         "FedBCS without FSR": {
             "authors": f"{BCS}/authors-unet",
-            "fedseg authors": f"{BCS}/fedseg-authors-unet",
+            BCS_AUTHORS: f"{BCS}/fedseg-authors-unet",
             BCS_AUG: f"{BCS}/fedseg-authors-aug-unet",
             "fedseg paper": "archive/fedbcs-nuclei-augmented-r104/fedbcs-table2-nuclei/runs/cdpa",
         },
@@ -96,9 +99,35 @@ TABLES: dict[str, dict[str, dict[str, str]]] = {
 }
 """Per table, per method: arm name -> folder (under docs/evidence) holding ``seed<k>``."""
 
+TABLES["fedbcs-nuclei-r85"] = {
+    "FedBCS": {
+        "authors": f"{BCS}/authors-fsr-r85",
+        "fedseg default": "fedbcs-table1-nuclei/runs/fedbcs",
+        "fedseg, the code's clamp": f"{BCS}/fedseg-clamp-fsr-r85",
+    },
+    "FedBCS without FSR": {
+        "authors": f"{BCS}/authors-unet-r85",
+        "fedseg default": "fedbcs-table2-nuclei/runs/cdpa",
+    },
+}
+"""The nuclei tables' budget (85 rounds): the ``fedseg default`` arms are the evidence rows
+(Table 1's FedBCS, Table 2's CDPA; ``variant: authors`` gives the same config since the
+clamp left it), ``fedseg, the code's clamp`` the same config with ``method.clamp: true``."""
+
+CONTRASTS: dict[str, list[tuple[str, str, str]]] = {
+    "fedlppa-table3": [("FedLPPA", "fedseg paper", "fedseg authors")],
+    "fedbcs-table1-nuclei": [
+        ("FedBCS", "fedseg paper", BCS_AUTHORS),
+        ("FedBCS without FSR", "fedseg paper", BCS_AUTHORS),
+    ],
+    "fedbcs-nuclei-r85": [("FedBCS", "fedseg default", "fedseg, the code's clamp")],
+}
+"""Per table, fedseg arms paired with each other: (method, arm, against)."""
+
 BUDGETS: dict[str, dict[str, object]] = {
     "fedlppa-table3": {"rounds": 40, "local_iters": 10, "batch_size": 10, "lr": 0.01},
     "fedbcs-table1-nuclei": {"rounds": 104, "local_epochs": 1, "batch_size": 6, "lr": 0.01},
+    "fedbcs-nuclei-r85": {"rounds": 85, "local_epochs": 1, "batch_size": 6, "lr": 0.01},
 }
 """Per table, the ``train`` settings every arm's runs must have (one budget for both sides):
 a run of another budget (e.g. a kept evidence run not yet rerun) is left out."""
@@ -158,21 +187,20 @@ def rows(table: str) -> list[str]:
             lines.append(
                 f"| {method} | {arm} | {_mean(runs)} | {pick} | {stat} | {margin} | {verdict} |"
             )
-    variants = [(m, a) for m, a in TABLES[table].items() if "fedseg paper" in a]
-    if variants:
+    if table in CONTRASTS:
         lines += [
             "",
-            "fedseg's `method.variant: paper` against its `variant: authors` (the margin from "
-            "the authors variant's seeds):",
+            "fedseg's arms against each other (the margin from the second arm's seeds):",
             "",
-            "| method | median difference [95 % CI] | margin | verdict |",
-            "|---|---|---|---|",
+            "| method | arm | against | median difference [95 % CI] | margin | verdict |",
+            "|---|---|---|---|---|---|",
         ]
-        for method, arms in variants:
-            default = seed_runs(EVIDENCE / arms["fedseg paper"], budget)
-            variant = seed_runs(EVIDENCE / arms["fedseg authors"], budget)
-            stat, margin, verdict = _against(default, variant, f"{table} {method} default")
-            lines.append(f"| {method} | {stat} | {margin} | {verdict} |")
+        for method, arm, against in CONTRASTS[table]:
+            arms = TABLES[table][method]
+            runs = seed_runs(EVIDENCE / arms[arm], budget)
+            ref = seed_runs(EVIDENCE / arms[against], budget)
+            stat, margin, verdict = _against(runs, ref, f"{table} {method} {arm}/{against}")
+            lines.append(f"| {method} | {arm} | {against} | {stat} | {margin} | {verdict} |")
     return lines
 
 
