@@ -9,9 +9,11 @@
    fedseg's validation split is left out. ``case_map.json`` maps the files to fedseg's cases.
 2. Generates ``weights/pvt_v2_b0.pth`` (its ImageNet checkpoint cannot be downloaded here)
    from its own ``pvt_v2_b0()`` after ``torch.manual_seed(--seed)``, kept beside the run for
-   the fedseg arm to load, and runs ``scripts/train_fed.py --net pvtb0_fpn --dataset polyp
-   --fl F --max_epoch N --base_lr 1e-3`` from an export of the pinned commit in its own venv
-   (``runs/parity/venv-pflseg``) with ``shims/pflseg`` on ``PYTHONPATH`` (README.md).
+   the fedseg arm to load (``--weights-only`` stops here: the weights depend on the seed
+   alone, so the fedseg arms can run before the code's), and runs ``scripts/train_fed.py
+   --net pvtb0_fpn --dataset polyp --fl F --max_epoch N --base_lr 1e-3`` from an export of
+   the pinned commit in its own venv (``runs/parity/venv-pflseg``) with ``shims/pflseg`` on
+   ``PYTHONPATH`` (README.md).
    Its ``Dataset.__len__`` is 300: each round is 300 random draws (with replacement) per
    site (38 batches of 8), whatever the site's size; the fedseg arm must mirror that.
 3. Scores the last round's per-site models with fedseg's metrics into ``--out`` and the
@@ -162,6 +164,11 @@ def main() -> None:
     )
     ap.add_argument("--ft-lr", type=float, default=1e-4, help="its --base_lr for train_ft.py")
     ap.add_argument("--lamb", type=float, default=1.0, help="its --lamb (IGC weight), train_ft.py")
+    ap.add_argument(
+        "--weights-only",
+        action="store_true",
+        help="write the initial weights (<work>/pvt_v2_b0.pth) for --seed and stop",
+    )
     args = ap.parse_args()
     if args.ft_epochs and args.fl != "ours_q":
         raise SystemExit(f"--ft-epochs: fine-tuning is FedDP's (--fl ours_q), not {args.fl}'s")
@@ -195,6 +202,9 @@ def main() -> None:
     )
     subprocess.run([args.python, "-c", weights], cwd=code, env=env, check=True)
     shutil.copy(code / "weights" / "pvt_v2_b0.pth", work / "pvt_v2_b0.pth")
+    if args.weights_only:
+        print(work / "pvt_v2_b0.pth")
+        return
     common = ["--net", "pvtb0_fpn", "--dataset", "polyp", "--ver", f"s{args.seed}",
               "--seed", str(args.seed), "--batch_size", str(args.batch), "--gpu", "0"]  # fmt: skip
     cmd = ["--fl", args.fl, "--max_epoch", str(args.rounds), "--base_lr", str(args.lr), *common]
