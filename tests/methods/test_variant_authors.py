@@ -71,6 +71,13 @@ def test_fedlppa_paper_variant_is_the_papers_reading_and_fixes_nothing():
     assert mixed.method["aux_source"] == "aux" and mixed.method["aux_pce"] is True
 
 
+def test_fedbcs_authors_variant_leaves_the_codes_clamp_a_defect_to_the_config():
+    """The code's caps make L_contra constant at tau 0.005 (a defect, not reproduced): the
+    variant computes the exact InfoNCE unless ``clamp: true`` asks for the caps."""
+    assert _cfg({"name": "fedbcs", "variant": "authors"}).method["clamp"] is False
+    assert _cfg({"name": "fedbcs", "variant": "authors", "clamp": True}).method["clamp"] is True
+
+
 def test_a_warm_up_given_in_rounds_is_kept_by_the_authors_variant():
     assert _cfg({"name": "fedlppa"}).method["la_skip_rounds"] == 50
     assert _cfg({"name": "fedlppa", "la_skip_rounds": 4}).method["la_skip_rounds"] == 4
@@ -95,9 +102,9 @@ def test_a_dump_without_a_variant_predates_them_and_reads_as_the_paper(tmp_path)
         ("fedlppa", {}, {"weight_decay": "1e-4"}, ["train.weight_decay: 0.01", "'1e-4'"]),
         (
             "fedbcs",
-            {"clamp": False},
+            {"consis_form": "sum"},
             {"local_iters": 3},
-            ["method.clamp: True", "train.local_iters"],
+            ["method.consis_form: 'mse'", "'sum'", "train.local_iters"],
         ),
         ("feddp", {"ft_lr": None}, {"batch_size": 12}, ["method.ft_lr: 0.0001", "12"]),
     ],

@@ -76,7 +76,6 @@ AUTHORS = Variant(
         "fsr_temperature": 0.1,
         "contra_weight": 1.0,
         "consis_weight": 1.0,
-        "clamp": True,
         "consis_form": "mse",
         "pull": "foreground",
         "prototype_mode": "batch_mean",
@@ -92,8 +91,9 @@ AUTHORS = Variant(
         "loss": "ce_dice",
     },
 )
-"""``variant: authors``: zxy1234321/FedBCS at f2034353, its defects excepted; the table
-with the source of each setting is in docs/methods/fedbcs.md."""
+"""``variant: authors``: zxy1234321/FedBCS at f2034353, its defects excepted (its clamped
+L_contra among them: ``clamp`` stays the config's); the table with the source of each setting
+is in docs/methods/fedbcs.md."""
 
 
 def _widths(net: UNet) -> list[int]:
@@ -344,7 +344,8 @@ class FedBCS(Method):
         clamp: bool = False
         """L_contra with the authors' caps (logits <= 20, exponentials <= 1e6): at
         ``tau = 0.005`` every centre whose cosine exceeds ~0.069 then passes no gradient
-        (the term is constant once all do). Default: the exact InfoNCE by log-sum-exp."""
+        (the term is constant once all do), a defect of the code that ``variant: authors``
+        does not reproduce. Default: the exact InfoNCE by log-sum-exp."""
         consis_form: ConsisForm = "mse"
         """L_consis scale: the code's ``mse`` (mean over the embedding dimensions, branches
         averaged), under which the paper's numbers were produced, or Eq. 16 as printed
