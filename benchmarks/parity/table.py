@@ -114,6 +114,22 @@ TABLES["fedbcs-nuclei-r85"] = {
 (Table 1's FedBCS, Table 2's CDPA; ``variant: authors`` gives the same config since the
 clamp left it), ``fedseg, the code's clamp`` the same config with ``method.clamp: true``."""
 
+POLYP = "parity/vc-table1-polyp/runs"
+TABLES["vc-table1-polyp"] = {
+    "FedDP": {
+        "authors": f"{POLYP}/authors-ours_q",
+        "fedseg authors": f"{POLYP}/fedseg-authors-feddp",
+        "fedseg paper": f"{POLYP}/fedseg-feddp",
+    },
+    **{
+        name: {"authors": f"{POLYP}/authors-{fl}", "fedseg": f"{POLYP}/fedseg-{fl}"}
+        for name, fl in [("FedAvg", "fedavg"), ("FedRep", "fedrep"), ("FedBABU", "fedbabu")]
+    },
+}
+"""PFL-Seg-Trans's FedDP (``ours_q`` then 5 epochs of ``ours_q_bd_ft``) and its ports on the
+polyp federation of virtual-class Table I, PVTv2-b0 + FPN from the code's initial weights of
+each seed; the ``fedseg`` arms are fedseg's defaults on the same network and budget."""
+
 CONTRASTS: dict[str, list[tuple[str, str, str]]] = {
     "fedlppa-table3": [("FedLPPA", "fedseg paper", "fedseg authors")],
     "fedbcs-table1-nuclei": [
@@ -121,6 +137,7 @@ CONTRASTS: dict[str, list[tuple[str, str, str]]] = {
         ("FedBCS without FSR", "fedseg paper", BCS_AUTHORS),
     ],
     "fedbcs-nuclei-r85": [("FedBCS", "fedseg default", "fedseg, the code's clamp")],
+    "vc-table1-polyp": [("FedDP", "fedseg paper", "fedseg authors")],
 }
 """Per table, fedseg arms paired with each other: (method, arm, against)."""
 
@@ -128,6 +145,7 @@ BUDGETS: dict[str, dict[str, object]] = {
     "fedlppa-table3": {"rounds": 40, "local_iters": 10, "batch_size": 10, "lr": 0.01},
     "fedbcs-table1-nuclei": {"rounds": 104, "local_epochs": 1, "batch_size": 6, "lr": 0.01},
     "fedbcs-nuclei-r85": {"rounds": 85, "local_epochs": 1, "batch_size": 6, "lr": 0.01},
+    "vc-table1-polyp": {"rounds": 20, "batch_size": 8, "lr": 0.001},
 }
 """Per table, the ``train`` settings every arm's runs must have (one budget for both sides):
 a run of another budget (e.g. a kept evidence run not yet rerun) is left out."""
