@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -257,6 +258,11 @@ class RunConfig(_Strict):
                 require_supported(self.privacy, self.method_name, get_method(self.method_name))
             except ConfigError as e:
                 raise ValueError(e.reason) from None
+        if self.privacy.mode == "local" and self.train.grad_clamp is not None:
+            raise ValueError(
+                "train.grad_clamp: not with privacy.mode local, whose DP-SGD clips each "
+                "example's gradient (privacy.clip); unset it"
+            )
         return self
 
     @property
@@ -286,14 +292,21 @@ def resolved_method(block: dict[str, Any]) -> dict[str, Any]:
 def _format(err: ValidationError, source: str) -> str:
     lines = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "<root>"
         msg = e["msg"].removeprefix("Value error, ")
+        loc = ".".join(str(p) for p in e["loc"]) or _named_field(msg) or "<root>"
+        msg = msg.removeprefix(f"{loc}: ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
         got = e.get("input")
         shown = "" if isinstance(got, dict) or e["type"] == "missing" else f" (got {got!r})"
         lines.append(f"{source}: {loc}: {msg}{shown}")
     return "\n".join(lines)
+
+
+def _named_field(msg: str) -> str | None:
+    """The dotted field a whole-config check's message opens with (``train.grad_clamp: ...``)."""
+    head, sep, _ = msg.partition(": ")
+    return head if sep and re.fullmatch(r"[a-z_]+(\.[a-z_]+)+", head) else None
 
 
 def parse_config(raw: dict[str, Any], source: str = "<config>") -> RunConfig:

@@ -32,6 +32,8 @@ BAD = [
     ({"train": {"optimizer": "adamx"}}, "train.optimizer"),
     ({"train": {"lr_schedule": "cos"}}, "train.lr_schedule"),
     ({"train": {"loss": "focal"}}, "train.loss"),
+    ({"train": {"grad_clamp": 0}}, "train.grad_clamp"),
+    ({"train": {"grad_clamp": 1.0}, "privacy": {"mode": "local"}}, "train.grad_clamp: not with"),
     ({"train": {"local_iters": 3, "local_epochs": 1}}, "train: set local_iters or local_epochs"),
     ({"eval": {"batch_size": 0}}, "eval.batch_size"),
     ({"eval": {"every": -1}}, "eval.every"),
@@ -186,3 +188,47 @@ def test_an_epoch_based_run_resumes_from_its_own_config_yaml(tmp_path: Path):
     assert finished_run(run, cfg)
     with pytest.raises(ConfigError, match="not both"):
         load_config(run / "config.yaml")
+
+
+def test_dice_foreground_is_the_sigmoid_dice_of_the_foreground_channel():
+    """``dice_foreground`` on two logits is FedDP's code's loss on one sigmoid channel:
+    ``1 - (2 sum(p t) + s) / (sum p + sum t + s)`` over the batch, ``p = sigmoid(z1 - z0)``."""
+    ctx = _sim(loss="dice_foreground").context(_sim().sites["site0"], 0)
+    logits = torch.randn(3, 2, 8, 8)
+    labels = torch.randint(0, 2, (3, 8, 8))
+    p, t = torch.sigmoid(logits[:, 1] - logits[:, 0]), labels.float()
+    code = 1 - (2 * (p * t).sum() + 1e-5) / (p.sum() + t.sum() + 1e-5)
+    assert float(segmentation_loss(ctx)(logits, labels)) == pytest.approx(float(code), abs=1e-6)
+    both = segmentation_loss(_sim(loss="dice").context(_sim().sites["site0"], 0))
+    assert float(both(logits, labels)) != pytest.approx(float(code), abs=1e-3)
+
+
+def _one_sgd_step(clamp: float | None) -> torch.Tensor:
+    sim = _sim(optimizer="sgd", momentum=0.0, weight_decay=0.0, lr=1.0, grad_clamp=clamp)
+    before = torch.cat([p.detach().flatten().clone() for p in sim.model.parameters()])
+    train_steps(sim.model, sim.context(sim.sites["site0"], 0), iters=1)
+    return torch.cat([p.detach().flatten() for p in sim.model.parameters()]) - before
+
+
+def test_grad_clamp_bounds_every_element_of_a_step():
+    """With plain SGD at lr 1 a step moves each weight by its (clamped) gradient: no weight
+    moves by more than the clamp, some by exactly it, and without the clamp some by more
+    (to float32's rounding of the weights, 1e-6)."""
+    free, clamped = _one_sgd_step(None).abs(), _one_sgd_step(1e-4).abs()
+    assert free.max() > 1e-3
+    assert clamped.max() <= 1e-4 + 1e-6
+    assert int((clamped > 1e-4 - 1e-6).sum()) > 0
+
+
+def test_fine_tuning_does_not_clamp():
+    """FedDP's and FedBABU's code clamp the rounds' gradients, not the fine-tuning's."""
+    from fedseg.methods.finetune import fine_tune
+
+    sim = _sim("fedbabu", optimizer="sgd", momentum=0.0, weight_decay=0.0, grad_clamp=1e-6)
+    ctx = sim.context(sim.sites["site0"], 0)
+    cfg = sim.method.config.model_copy(update={"ft_epochs": 1, "ft_lr": 1.0, "ft_scope": "all"})
+    before = [p.detach().clone() for p in sim.model.parameters()]
+    fine_tune(sim.method, sim.model, ctx, cfg)
+    after = list(sim.model.parameters())
+    moved = max((p.detach() - b).abs().max() for p, b in zip(after, before, strict=True))
+    assert float(moved) > 1e-3

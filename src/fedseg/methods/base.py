@@ -154,9 +154,15 @@ class TrainSettings(Alternatives):
     rotation: Literal["right_angles", "paper_45"] = "right_angles"
     """Rotations of ``augment``: ``right_angles`` (k x 90 degrees) or ``paper_45`` (any angle in
     [-45, 45] degrees, FedLPPA Sec. IV-A; corners rotated in are unlabeled)."""
-    loss: Literal["auto", "pce", "ce_dice", "dice", "dice_bce"] = "auto"
+    loss: Literal["auto", "pce", "ce_dice", "dice", "dice_foreground", "dice_bce"] = "auto"
     """``auto`` (pCE for weak labels, CE+Dice for full masks), ``pce``, ``ce_dice``,
-    ``dice`` (soft Dice over all classes), ``dice_bce`` (binary tasks)."""
+    ``dice`` (soft Dice over all classes), ``dice_foreground`` (soft Dice over the classes
+    but the background: with one foreground class, the Dice of its sigmoid channel, as
+    FedDP's code trains), ``dice_bce`` (binary tasks)."""
+    grad_clamp: PositiveFloat | None = None
+    """Clamp every gradient element to [-v, v] before each optimiser step of the rounds
+    (FedDP's code: 1.0); fine-tuning at evaluation does not clamp, as in that code. Not with
+    ``privacy.mode: local``, whose DP-SGD clips per example."""
 
     replaces: ClassVar[dict[str, str]] = {"local_epochs": "local_iters"}
 

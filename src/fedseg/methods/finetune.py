@@ -47,14 +47,15 @@ def fine_tune(
     loss_fn: LossFn | None = None,
 ) -> dict[str, float]:
     """Train ``model`` in place for :func:`fine_tune_steps` steps at the constant rate
-    ``cfg.ft_lr`` (default ``train.lr``) with a fresh optimiser.
+    ``cfg.ft_lr`` (default ``train.lr``) with a fresh optimiser, without ``train.grad_clamp``
+    (FedDP's and FedBABU's code clamp the rounds' gradients, not the fine-tuning's).
 
     Trains the head (``ft_scope: head``) or every trainable weight of ``model``.
     ``objective`` / ``loss_fn`` replace the method's own network view and loss (e.g. a view
     that also returns an ensemble's predictions); both or neither must be given.
     """
     train = ctx.train.model_copy(
-        update={"lr": cfg.ft_lr or ctx.train.lr, "lr_schedule": "constant"}
+        update={"lr": cfg.ft_lr or ctx.train.lr, "lr_schedule": "constant", "grad_clamp": None}
     )
     ft_ctx = replace(ctx, train=train)
     scope = model.get_submodule("decoder.head") if cfg.ft_scope == "head" else model

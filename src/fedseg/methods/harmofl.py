@@ -38,6 +38,7 @@ from fedseg.methods.training import (
     auxiliary_metrics,
     auxiliary_modules,
     channels_last_model,
+    clamp_gradients,
     current_precision,
     make_optimizer,
     memory_format,
@@ -132,12 +133,16 @@ class AmpNormNet(nn.Module):
 
 
 def perturbed_step(
-    optimizer: torch.optim.Optimizer, loss_of: Callable[[], torch.Tensor], alpha: float
+    optimizer: torch.optim.Optimizer,
+    loss_of: Callable[[], torch.Tensor],
+    alpha: float,
+    clamp: float | None = None,
 ) -> float:
     """One HarmoFL optimiser step (its ``WPOptim``): the gradient ``g`` at ``w``, the
     perturbation ``delta = alpha * g / ||g||`` (norm over all parameters), the gradient at
     ``w + delta``, then ``w`` restored and the base optimiser's step taken with that gradient.
-    ``alpha = 0`` is a plain step. Returns the loss at ``w``."""
+    ``alpha = 0`` is a plain step; ``clamp`` clamps the gradient taken (``train.grad_clamp``).
+    Returns the loss at ``w``."""
     loss = loss_of()
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -153,6 +158,7 @@ def perturbed_step(
         with torch.no_grad():
             for p, d in zip(params, deltas, strict=True):
                 p.sub_(d)
+    clamp_gradients(optimizer, clamp)
     optimizer.step()
     return float(loss.detach())
 
@@ -239,7 +245,7 @@ class HarmoFL(Method):
                     with autocast(ctx.device):
                         return add_auxiliary(loss_fn(net(x), y), aux)
 
-                total += perturbed_step(opt, loss_of, self.config.alpha)
+                total += perturbed_step(opt, loss_of, self.config.alpha, ctx.train.grad_clamp)
         if amp is not None:
             amp.collect = False
         save_optimizer_state(opt, net, ctx)

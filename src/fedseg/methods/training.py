@@ -30,6 +30,7 @@ __all__ = [
     "auxiliary_modules",
     "backward_step",
     "channels_last_model",
+    "clamp_gradients",
     "cpu_flags",
     "current_precision",
     "grad_scaler",
@@ -194,17 +195,34 @@ def grad_scaler(device: torch.device) -> torch.amp.GradScaler | None:
 
 
 def backward_step(
-    opt: torch.optim.Optimizer, loss: torch.Tensor, scaler: torch.amp.GradScaler | None
+    opt: torch.optim.Optimizer,
+    loss: torch.Tensor,
+    scaler: torch.amp.GradScaler | None,
+    clamp: float | None = None,
 ) -> None:
-    """Zero the gradients, back-propagate ``loss`` and step ``opt`` (through ``scaler``)."""
+    """Zero the gradients, back-propagate ``loss``, clamp every gradient element to
+    ``[-clamp, clamp]`` (unscaled first; ``None``: no clamp) and step ``opt`` (through
+    ``scaler``)."""
     opt.zero_grad(set_to_none=True)
     if scaler is None:
         loss.backward()
+        clamp_gradients(opt, clamp)
         opt.step()
     else:
         scaler.scale(loss).backward()
+        if clamp is not None:
+            scaler.unscale_(opt)
+            clamp_gradients(opt, clamp)
         scaler.step(opt)
         scaler.update()
+
+
+def clamp_gradients(opt: torch.optim.Optimizer, clamp: float | None) -> None:
+    """Clamp the gradient of every parameter of ``opt`` element-wise to ``[-clamp, clamp]``
+    (``train.grad_clamp``; ``None``: unchanged)."""
+    if clamp is not None:
+        params = [p for group in opt.param_groups for p in group["params"]]
+        torch.nn.utils.clip_grad_value_(params, clamp)
 
 
 @runtime_checkable
@@ -296,8 +314,11 @@ def segmentation_loss(ctx: ClientContext) -> LossFn:
         return PartialCrossEntropy(spec.ignore_index)
     if kind == "dice_bce":
         return DiceBCELoss()
-    if kind == "dice":
-        return SoftDiceLoss(spec.num_classes, ignore_index=spec.ignore_index)
+    if kind in ("dice", "dice_foreground"):
+        background = kind == "dice"
+        return SoftDiceLoss(
+            spec.num_classes, ignore_index=spec.ignore_index, include_background=background
+        )
     ce = PartialCrossEntropy(spec.ignore_index)
     dice = SoftDiceLoss(spec.num_classes, ignore_index=spec.ignore_index)
     return lambda logits, y: 0.5 * ce(logits, y) + 0.5 * dice(logits, y)
@@ -384,7 +405,7 @@ def _batch_steps(
             loss = add_auxiliary(loss_fn(model(memory_format(images)), labels), aux)
             if regularizer is not None:
                 loss = loss + regularizer()
-        backward_step(opt, loss, scaler)
+        backward_step(opt, loss, scaler, ctx.train.grad_clamp)
         total += float(loss.detach())
     return {"loss": total / max(iters, 1)}
 
