@@ -46,6 +46,41 @@ WD_1E4 = "archive/fedlppa-table3-wd1e-4/runs"
 train at the code's 1e-2 since)."""
 OLD_WD = "fedseg, weight decay 1e-4"
 
+FEDBCS_R85: dict[str, dict[str, str]] = {
+    "FedBCS": {
+        "authors": f"{BCS}/authors-fsr-r85",
+        "fedseg default": "fedbcs-table1-nuclei/runs/fedbcs",
+        "fedseg, the code's clamp": f"{BCS}/fedseg-clamp-fsr-r85",
+    },
+    "FedBCS without FSR": {
+        "authors": f"{BCS}/authors-unet-r85",
+        "fedseg default": "fedbcs-table2-nuclei/runs/cdpa",
+    },
+}
+"""The nuclei tables' budget (85 rounds): the ``fedseg default`` arms are the evidence rows
+(Table 1's FedBCS, Table 2's CDPA; ``variant: authors`` gives the same config since the
+clamp left it), ``fedseg, the code's clamp`` the same config with ``method.clamp: true``."""
+
+POLYP = "parity/vc-table1-polyp/runs"
+FEDDP_POLYP: dict[str, dict[str, str]] = {
+    "FedDP": {
+        "authors": f"{POLYP}/authors-ours_q",
+        "fedseg authors": f"{POLYP}/fedseg-authors-feddp",
+        "fedseg paper": f"{POLYP}/fedseg-feddp",
+        "fedseg authors, foreground Dice": f"{POLYP}/fedseg-authors-feddp-dice-fg",
+        "fedseg authors + the code's clamp": f"{POLYP}/fedseg-authors-feddp-clamp",
+    },
+    **{
+        name: {"authors": f"{POLYP}/authors-{fl}", "fedseg": f"{POLYP}/fedseg-{fl}"}
+        for name, fl in [("FedAvg", "fedavg"), ("FedRep", "fedrep"), ("FedBABU", "fedbabu")]
+    },
+}
+"""PFL-Seg-Trans's FedDP (``ours_q`` then 5 epochs of ``ours_q_bd_ft``) and its ports on the
+polyp federation of virtual-class Table I, PVTv2-b0 + FPN from the code's initial weights of
+each seed; the ``fedseg`` arms are fedseg's defaults on the same network and budget. The two
+``fedseg authors, ...`` arms switch one remaining difference from the code each (seed 0):
+``train.loss: dice_foreground`` (its sigmoid-channel Dice) and ``train.grad_clamp: 1.0``."""
+
 TABLES: dict[str, dict[str, dict[str, str]]] = {
     "fedlppa-table3": {
         "FedAvg": {
@@ -96,39 +131,10 @@ TABLES: dict[str, dict[str, dict[str, str]]] = {
             "fedseg paper": "archive/fedbcs-nuclei-augmented-r104/fedbcs-table2-nuclei/runs/cdpa",
         },
     },
+    "fedbcs-nuclei-r85": FEDBCS_R85,
+    "vc-table1-polyp": FEDDP_POLYP,
 }
 """Per table, per method: arm name -> folder (under docs/evidence) holding ``seed<k>``."""
-
-TABLES["fedbcs-nuclei-r85"] = {
-    "FedBCS": {
-        "authors": f"{BCS}/authors-fsr-r85",
-        "fedseg default": "fedbcs-table1-nuclei/runs/fedbcs",
-        "fedseg, the code's clamp": f"{BCS}/fedseg-clamp-fsr-r85",
-    },
-    "FedBCS without FSR": {
-        "authors": f"{BCS}/authors-unet-r85",
-        "fedseg default": "fedbcs-table2-nuclei/runs/cdpa",
-    },
-}
-"""The nuclei tables' budget (85 rounds): the ``fedseg default`` arms are the evidence rows
-(Table 1's FedBCS, Table 2's CDPA; ``variant: authors`` gives the same config since the
-clamp left it), ``fedseg, the code's clamp`` the same config with ``method.clamp: true``."""
-
-POLYP = "parity/vc-table1-polyp/runs"
-TABLES["vc-table1-polyp"] = {
-    "FedDP": {
-        "authors": f"{POLYP}/authors-ours_q",
-        "fedseg authors": f"{POLYP}/fedseg-authors-feddp",
-        "fedseg paper": f"{POLYP}/fedseg-feddp",
-    },
-    **{
-        name: {"authors": f"{POLYP}/authors-{fl}", "fedseg": f"{POLYP}/fedseg-{fl}"}
-        for name, fl in [("FedAvg", "fedavg"), ("FedRep", "fedrep"), ("FedBABU", "fedbabu")]
-    },
-}
-"""PFL-Seg-Trans's FedDP (``ours_q`` then 5 epochs of ``ours_q_bd_ft``) and its ports on the
-polyp federation of virtual-class Table I, PVTv2-b0 + FPN from the code's initial weights of
-each seed; the ``fedseg`` arms are fedseg's defaults on the same network and budget."""
 
 CONTRASTS: dict[str, list[tuple[str, str, str]]] = {
     "fedlppa-table3": [("FedLPPA", "fedseg paper", "fedseg authors")],
@@ -137,7 +143,11 @@ CONTRASTS: dict[str, list[tuple[str, str, str]]] = {
         ("FedBCS without FSR", "fedseg paper", BCS_AUTHORS),
     ],
     "fedbcs-nuclei-r85": [("FedBCS", "fedseg default", "fedseg, the code's clamp")],
-    "vc-table1-polyp": [("FedDP", "fedseg paper", "fedseg authors")],
+    "vc-table1-polyp": [
+        ("FedDP", "fedseg paper", "fedseg authors"),
+        ("FedDP", "fedseg authors, foreground Dice", "fedseg authors"),
+        ("FedDP", "fedseg authors + the code's clamp", "fedseg authors"),
+    ],
 }
 """Per table, fedseg arms paired with each other: (method, arm, against)."""
 
