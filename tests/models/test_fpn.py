@@ -71,3 +71,22 @@ def test_options_validated_naming_the_field():
         parse_model({"name": "pvtv2_fpn"}).build(1, 2, 3)
     small = parse_model({"name": "pvtv2_fpn", "pyramid_channels": 64, "segmentation_channels": 32})
     assert small.build(3, 2, 2)(torch.randn(1, 3, 64, 64)).shape == (1, 2, 64, 64)
+    with pytest.raises(ConfigError, match=r"model.decoder_init"):
+        parse_model({"name": "pvtv2_fpn", "decoder_init": "xavier"})
+
+
+def test_decoder_init_kaiming_as_smp_or_torch_default_as_feddp_code():
+    """``kaiming``: He-uniform weights (bound sqrt(6 / fan_in)) and zero biases; ``torch``:
+    PyTorch's defaults (weights and biases within 1 / sqrt(fan_in)), what FedDP's code gets
+    from a bare ``FPNDecoder``. The lateral 1x1 ``p5`` (fan_in 256) shows both."""
+    torch.manual_seed(0)
+    kaiming = parse_model({"name": "pvtv2_fpn"}).build(3, 2, 2).decoder.fpn.p5
+    torch.manual_seed(0)
+    plain = parse_model({"name": "pvtv2_fpn", "decoder_init": "torch"}).build(3, 2, 2)
+    p5 = plain.decoder.fpn.p5
+    bound = 256**-0.5
+    assert torch.equal(kaiming.bias, torch.zeros(256))
+    assert kaiming.weight.abs().max() > 2 * bound
+    assert kaiming.weight.abs().max() <= 6**0.5 * bound
+    assert p5.weight.abs().max() <= bound and p5.bias.abs().max() <= bound
+    assert p5.bias.abs().min() > 0

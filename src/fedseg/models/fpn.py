@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +24,9 @@ from fedseg.models.layers import resize_nearest
 from fedseg.models.paa import PAA
 from fedseg.models.pvtv2 import PVTv2, convert_pvtv2_state_dict
 from fedseg.models.registry import ModelConfig, register_model
+
+DecoderInit = Literal["kaiming", "torch"]
+"""How :class:`FPNDecoder` initialises its convolutions."""
 
 __all__ = [
     "FPNBlock",
@@ -89,6 +92,9 @@ class FPNDecoder(nn.Module):
 
     :meth:`pyramid` returns the levels (coarsest first); ``forward`` the merged map with
     ``segmentation_channels`` channels at the resolution of the finest encoder feature.
+    ``init``: ``kaiming`` (He-uniform convolution weights for ReLU, zero biases: what
+    segmentation-models-pytorch's ``FPN`` model applies) or ``torch`` (PyTorch's default
+    layer initialisation: FedDP's code, which builds that library's ``FPNDecoder`` bare).
     """
 
     def __init__(
@@ -97,6 +103,7 @@ class FPNDecoder(nn.Module):
         pyramid_channels: int = 256,
         segmentation_channels: int = 128,
         dropout: float = 0.2,
+        init: DecoderInit = "kaiming",
     ) -> None:
         super().__init__()
         if len(encoder_channels) != 4:
@@ -111,6 +118,8 @@ class FPNDecoder(nn.Module):
         )
         self.dropout = nn.Dropout2d(dropout)
         self.out_channels = segmentation_channels
+        if init == "torch":
+            return
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_uniform_(m.weight, mode="fan_in", nonlinearity="relu")
@@ -157,9 +166,9 @@ class FPNHead(nn.Module):
     state-dict keys start with ``decoder.head.`` as the UNet's, so head/body methods
     (FedRep, FedBABU) find it under the same name."""
 
-    def __init__(self, encoder_channels: Sequence[int], num_classes: int, **fpn: float) -> None:
+    def __init__(self, encoder_channels: Sequence[int], num_classes: int, **fpn: Any) -> None:
         super().__init__()
-        self.fpn = FPNDecoder(encoder_channels, **fpn)  # type: ignore[arg-type]
+        self.fpn = FPNDecoder(encoder_channels, **fpn)
         self.head: nn.Module = nn.Conv2d(self.fpn.out_channels, num_classes, 1)
 
 
@@ -183,6 +192,7 @@ class PVTv2FPN(nn.Module):
         segmentation_channels: int = 128,
         dropout: float = 0.2,
         paa: bool = False,
+        decoder_init: DecoderInit = "kaiming",
     ) -> None:
         super().__init__()
         self.encoder = PVTv2(in_channels, drop_path=drop_path)
@@ -192,6 +202,7 @@ class PVTv2FPN(nn.Module):
             pyramid_channels=pyramid_channels,
             segmentation_channels=segmentation_channels,
             dropout=dropout,
+            init=decoder_init,
         )
         fpn = self.decoder.fpn
         self.paa = (
@@ -253,7 +264,8 @@ class PVTv2FPNConfig(ModelConfig):
     ``drop_path``: stochastic depth of the last encoder block (FedDP: 0.1);
     ``pyramid_channels``/``segmentation_channels``/``dropout``: the FPN (smp defaults);
     ``weights``: an ImageNet PVTv2-b0 checkpoint (timm or original key names) loaded into the
-    encoder when the network is built (default none: random initialisation).
+    encoder when the network is built (default none: random initialisation);
+    ``decoder_init``: the FPN's initialisation (:class:`FPNDecoder`; ``torch`` as FedDP's code).
     """
 
     name: Literal["pvtv2_fpn"] = "pvtv2_fpn"
@@ -262,6 +274,7 @@ class PVTv2FPNConfig(ModelConfig):
     segmentation_channels: PositiveInt = Field(128, multiple_of=32)
     dropout: NonNegativeFloat = Field(0.2, lt=1)
     weights: Path | None = None
+    decoder_init: DecoderInit = "kaiming"
 
     def channels_last_faster(self, ndim: int) -> bool:
         """No: on CPU a channels-last training step is within 5% of a contiguous one and
@@ -287,6 +300,7 @@ class PVTv2FPNConfig(ModelConfig):
             segmentation_channels=self.segmentation_channels,
             dropout=self.dropout,
             paa=paa,
+            decoder_init=self.decoder_init,
         )
         if self.weights is not None:
             try:
