@@ -118,6 +118,22 @@ def test_a_run_that_recorded_only_the_method_settings_given_still_resumes(finish
     assert change["changes"] == {"train.rounds": [ROUNDS, ROUNDS + 1]}
 
 
+def test_a_setting_added_since_the_run_began_resumes_at_its_default(finished, tmp_path):
+    """A key the stored config lacks (a setting fedseg gained after the run began, here
+    ``train.rotation``, default right_angles) is its default, not a change; set otherwise,
+    refused."""
+    run = _copy(finished, tmp_path / "run")
+    stored = yaml.safe_load((run / "config.yaml").read_text())
+    assert stored["train"].pop("rotation") == "right_angles"
+    (run / "config.yaml").write_text(yaml.safe_dump(stored))
+    code, text = _cli("run", "--resume", str(run), "--set", "train.rotation=paper_45")
+    assert code == 2 and "train.rotation 'right_angles' -> 'paper_45'" in text
+    code, text = _cli("run", "--resume", str(run), "--set", f"train.rounds={ROUNDS + 1}")
+    assert code == 0, text
+    change = json.loads((run / "resumes.jsonl").read_text())
+    assert change["changes"] == {"train.rounds": [ROUNDS, ROUNDS + 1]}
+
+
 def test_out_into_a_finished_run_is_refused_without_overwrite(finished, fed, tmp_path):
     run = _copy(finished, tmp_path / "run")
     rounds = (run / "rounds.jsonl").read_text()

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from fedseg.config import RunConfig, dump_config
+from fedseg.config import RunConfig, dump_config, parse_config
 from fedseg.engine.device import machine, resolve_device
 from fedseg.engine.link import Failure, Link, Replies
 from fedseg.engine.results import build_results, communication_summary, validate_evaluation
@@ -336,9 +336,11 @@ class Federation:
 
     def _check_resume(self) -> tuple[str, dict[str, Any]]:
         """Refuse to continue with settings other than the run's, except declared-safe ones
-        (more rounds, device, threads, ...); the config now and its changes, to record."""
-        new = dump_config(self.cfg)
-        changes = config_changes(self.dir.stored_config(), yaml.safe_load(new))
+        (more rounds, device, threads, ...); the config now and its changes, to record. A
+        setting added to fedseg since the run began counts as unchanged at its default."""
+        new, stored = dump_config(self.cfg), self.dir.stored_config()
+        filled = yaml.safe_load(dump_config(parse_config(stored, str(self.dir.config))))
+        changes = config_changes(stored, yaml.safe_load(new), defaults=filled)
         unsafe = sorted(k for k in changes if k not in SAFE_RESUME_CHANGES)
         rounds = changes.get("train.rounds")
         if rounds and (not isinstance(rounds[0], int) or rounds[1] < rounds[0]):
