@@ -69,6 +69,7 @@ FEDDP_POLYP: dict[str, dict[str, str]] = {
         "fedseg paper": f"{POLYP}/fedseg-feddp",
         "fedseg authors, foreground Dice": f"{POLYP}/fedseg-authors-feddp-dice-fg",
         "fedseg authors + the code's clamp": f"{POLYP}/fedseg-authors-feddp-clamp",
+        "fedseg authors, the code's decoder init": f"{POLYP}/fedseg-authors-feddp-torch-init",
     },
     **{
         name: {"authors": f"{POLYP}/authors-{fl}", "fedseg": f"{POLYP}/fedseg-{fl}"}
@@ -78,8 +79,9 @@ FEDDP_POLYP: dict[str, dict[str, str]] = {
 """PFL-Seg-Trans's FedDP (``ours_q`` then 5 epochs of ``ours_q_bd_ft``) and its ports on the
 polyp federation of virtual-class Table I, PVTv2-b0 + FPN from the code's initial weights of
 each seed; the ``fedseg`` arms are fedseg's defaults on the same network and budget. The two
-``fedseg authors, ...`` arms switch one remaining difference from the code each (seed 0):
-``train.loss: dice_foreground`` (its sigmoid-channel Dice) and ``train.grad_clamp: 1.0``."""
+``fedseg authors ...`` arms switch one remaining difference from the code each (seed 0):
+``train.loss: dice_foreground`` (its sigmoid-channel Dice), ``train.grad_clamp: 1.0`` and
+``model.decoder_init: torch`` (its bare smp ``FPNDecoder``)."""
 
 TABLES: dict[str, dict[str, dict[str, str]]] = {
     "fedlppa-table3": {
@@ -147,6 +149,7 @@ CONTRASTS: dict[str, list[tuple[str, str, str]]] = {
         ("FedDP", "fedseg paper", "fedseg authors"),
         ("FedDP", "fedseg authors, foreground Dice", "fedseg authors"),
         ("FedDP", "fedseg authors + the code's clamp", "fedseg authors"),
+        ("FedDP", "fedseg authors, the code's decoder init", "fedseg authors"),
     ],
 }
 """Per table, fedseg arms paired with each other: (method, arm, against)."""
