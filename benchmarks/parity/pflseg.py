@@ -19,10 +19,16 @@
 3. Scores the last round's per-site models with fedseg's metrics into ``--out`` and the
    round it keeps (one choice for all sites: the best mean over sites of its test Jaccard,
    its ``Site{k}_best.pth``) into ``--out/best_round``.
+
+``--stage1 RUN`` trains nothing: it scores the rounds' test predictions that the ``ours_q``
+run with ``--ft-epochs`` written to ``RUN`` left in ``--work`` (FedDP's stage 1, before
+fine-tuning), a stage-1 arm of the same runs; its wall time is that run's minus the
+fine-tuning's.
 """
 
 from __future__ import annotations
 
+import argparse
 import re
 import shutil
 import subprocess
@@ -45,6 +51,7 @@ from common import (
 )
 
 from fedseg.data import FederatedDataset
+from fedseg.reporting.runs import read_results
 
 CODE = Code("jcwang123/PFL-Seg-Trans", "d715417c")
 FL = {"fedavg": "fedavg", "fedrep": "fedrep", "fedbabu": "fedbabu", "ours_q": "feddp"}
@@ -150,6 +157,25 @@ def start_fine_tuning(code: Path, capture: Path, fl: str, seed: int) -> str:
     return runs[0].name
 
 
+def score_stage1(args: argparse.Namespace, work: Path, cfg: dict[str, object]) -> None:
+    """Write the stage-1 arm (``--stage1 RUN``) from ``work``'s round captures."""
+    run = read_results(args.stage1 / "results.json")
+    if run.get("seed") != args.seed or "ft_wall_s" not in run.get("parity", {}):
+        raise SystemExit(f"{args.stage1}: not a fine-tuned ours_q run of seed {args.seed}")
+    parity = run["parity"]
+    kept = ("repository", "commit", "script", "arguments", "initial_weights")
+    provenance = {k: parity[k] for k in kept if k in parity} | {"scored_from": str(args.stage1)}
+    wall = parity["wall_s"] - parity["ft_wall_s"]
+    write_round_pick(
+        args,
+        read_captures((work / "capture").resolve(), (work / "data").resolve(), args.rounds),
+        cfg,
+        provenance,
+        "its best round on test: the first best mean over sites of its test Jaccard",
+        wall,
+    )
+
+
 def main() -> None:
     ap = parity_parser(__doc__, CODE, "venv-pflseg", "train_fed.py")
     ap.add_argument("--fl", choices=sorted(FL), required=True)
@@ -165,13 +191,21 @@ def main() -> None:
     ap.add_argument("--ft-lr", type=float, default=1e-4, help="its --base_lr for train_ft.py")
     ap.add_argument("--lamb", type=float, default=1.0, help="its --lamb (IGC weight), train_ft.py")
     ap.add_argument(
+        "--stage1",
+        type=Path,
+        metavar="RUN",
+        help="ours_q: score the rounds (stage 1) of the fine-tuned run RUN, from --work",
+    )
+    ap.add_argument(
         "--weights-only",
         action="store_true",
         help="write the initial weights (<work>/pvt_v2_b0.pth) for --seed and stop",
     )
     args = ap.parse_args()
-    if args.ft_epochs and args.fl != "ours_q":
-        raise SystemExit(f"--ft-epochs: fine-tuning is FedDP's (--fl ours_q), not {args.fl}'s")
+    if (args.ft_epochs or args.stage1 is not None) and args.fl != "ours_q":
+        raise SystemExit(f"--ft-epochs, --stage1: FedDP's (--fl ours_q), not {args.fl}'s")
+    if args.ft_epochs and args.stage1 is not None:
+        raise SystemExit("--stage1 scores the rounds before fine-tuning: drop --ft-epochs")
     method: dict[str, object] = {"name": FL[args.fl]}
     if args.fl == "ours_q":
         method["ft_epochs"] = args.ft_epochs
@@ -188,6 +222,9 @@ def main() -> None:
         like=args.like,
     )
     work = args.work or RUNS / "work" / f"pflseg-{args.fl}-s{args.seed}"
+    if args.stage1 is not None:
+        score_stage1(args, work, cfg)
+        return
     code = export(CODE, args.git_dir, work / "code")
     data, capture = (work / "data").resolve(), (work / "capture").resolve()
     write_layout(args.data, data)

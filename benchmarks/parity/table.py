@@ -71,6 +71,10 @@ FEDDP_POLYP: dict[str, dict[str, str]] = {
         "fedseg authors + the code's clamp": f"{POLYP}/fedseg-authors-feddp-clamp",
         "fedseg authors, the code's decoder init": f"{POLYP}/fedseg-authors-feddp-torch-init",
     },
+    "FedDP, stage 1": {
+        "authors": f"{POLYP}/authors-ours_q-stage1",
+        "fedseg authors": f"{POLYP}/fedseg-authors-feddp-stage1",
+    },
     **{
         name: {"authors": f"{POLYP}/authors-{fl}", "fedseg": f"{POLYP}/fedseg-{fl}"}
         for name, fl in [("FedAvg", "fedavg"), ("FedRep", "fedrep"), ("FedBABU", "fedbabu")]
@@ -81,7 +85,9 @@ polyp federation of virtual-class Table I, PVTv2-b0 + FPN from the code's initia
 each seed; the ``fedseg`` arms are fedseg's defaults on the same network and budget. The two
 ``fedseg authors ...`` arms switch one remaining difference from the code each (seed 0):
 ``train.loss: dice_foreground`` (its sigmoid-channel Dice), ``train.grad_clamp: 1.0`` and
-``model.decoder_init: torch`` (its bare smp ``FPNDecoder``)."""
+``model.decoder_init: torch`` (its bare smp ``FPNDecoder``). ``FedDP, stage 1``: the rounds
+alone (``ft_epochs: 0``; the code's side scored from the same runs' round captures,
+``pflseg.py --stage1``)."""
 
 TABLES: dict[str, dict[str, dict[str, str]]] = {
     "fedlppa-table3": {
