@@ -83,9 +83,9 @@ def test_results_record_the_precision_the_run_used(tmp_path, monkeypatch, flags)
     seen: list[str] = []
     steps = training.backward_step
 
-    def recorded(opt, loss, scaler):  # type: ignore[no-untyped-def]
+    def recorded(opt, loss, scaler, clamp=None):  # type: ignore[no-untyped-def]
         seen.append(training.current_precision().amp)  # what autocast() of the step read
-        steps(opt, loss, scaler)
+        steps(opt, loss, scaler, clamp)
 
     monkeypatch.setattr(training, "backward_step", recorded)
     cfg = parse_config(_raw(tmp_path, amp="auto"))
