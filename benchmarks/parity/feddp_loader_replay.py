@@ -10,7 +10,9 @@ pinned commit, run in ``runs/parity/venv-pflseg`` with ``shims/pflseg``) over a 
 each of ``--epochs`` passes (a pass is a round, or a fine-tuning epoch). Its
 ``Dataset.__getitem__`` ignores the sampler's index and draws ``random.randint`` from Python's
 ``random``, which the worker re-seeds at every pass, so the passes are expected to be equal.
-Prints one line per pass and a verdict; exits 1 when the passes differ.
+Prints one line per pass and a verdict; exits 1 when the passes differ. ``--fresh-draws``
+checks the shim of ``pflseg.py --fresh-draws`` instead (workers kept over the passes): the
+passes are then expected to differ, and it exits 1 when they do not.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=40, help="training images at the site")
     ap.add_argument("--epochs", type=int, default=3, help="passes over the loader")
     ap.add_argument("--seed", type=int, default=0, help="train_fed.py's --seed")
+    ap.add_argument("--fresh-draws", action="store_true", help="with the shim's item 6")
     args = ap.parse_args()
     if not args.python.is_file():
         raise SystemExit(f"{args.python}: no such interpreter (benchmarks/parity/README.md)")
@@ -61,6 +64,8 @@ def main() -> None:
             np.save(site / "image" / f"case{i:03d}.npy", np.zeros((8, 8, 3), np.float32))
             np.save(site / "mask" / f"case{i:03d}.npy", np.zeros((8, 8), bool))
         env = parity_env("pflseg", FEDSEG_PARITY_DATA=str(Path(tmp) / "data"))
+        if args.fresh_draws:
+            env["FEDSEG_PARITY_FRESH_DRAWS"] = "1"
         out = subprocess.run(
             [str(args.python), "-c", PASSES, str(args.seed), str(args.epochs)],
             cwd=code,
@@ -80,7 +85,7 @@ def main() -> None:
         )
     same = all(p == passes[0] for p in passes[1:])
     print(f"every pass draws the same images in the same order: {same}")
-    raise SystemExit(0 if same else 1)
+    raise SystemExit(0 if same != args.fresh_draws else 1)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@
 ``--stage1 RUN`` trains nothing: it scores the rounds' test predictions that the ``ours_q``
 run with ``--ft-epochs`` written to ``RUN`` left in ``--work`` (FedDP's stage 1, before
 fine-tuning), a stage-1 arm of the same runs; its wall time is that run's minus the
-fine-tuning's.
+fine-tuning's. ``--fresh-draws`` (a diagnostic, not a parity arm) runs the code without its
+replayed draws (shim item 6): each round draws its 300 images anew.
 """
 
 from __future__ import annotations
@@ -197,6 +198,11 @@ def main() -> None:
         help="ours_q: score the rounds (stage 1) of the fine-tuned run RUN, from --work",
     )
     ap.add_argument(
+        "--fresh-draws",
+        action="store_true",
+        help="diagnostic: new draws every round (the shim keeps the loader's worker)",
+    )
+    ap.add_argument(
         "--weights-only",
         action="store_true",
         help="write the initial weights (<work>/pvt_v2_b0.pth) for --seed and stop",
@@ -213,7 +219,9 @@ def main() -> None:
             steps = -(-DRAWS // args.batch)
             method |= {"ft_lr": args.ft_lr, "igc_lambda": args.lamb, "ft_epoch_iters": steps}
     cfg = arm_config(
-        f"parity-pflseg-{args.fl}" + (f"-ft{args.ft_epochs}" if args.ft_epochs else ""),
+        f"parity-pflseg-{args.fl}"
+        + (f"-ft{args.ft_epochs}" if args.ft_epochs else "")
+        + ("-fresh-draws" if args.fresh_draws else ""),
         method,
         args.data,
         labels="full",
@@ -232,6 +240,8 @@ def main() -> None:
     env = parity_env("pflseg", FEDSEG_PARITY_DATA=str(data), FEDSEG_PARITY_CAPTURE=str(capture))
     if args.ft_epochs:
         env["FEDSEG_PARITY_KEEP_LAST"] = "1"
+    if args.fresh_draws:
+        env["FEDSEG_PARITY_FRESH_DRAWS"] = "1"
     (code / "weights").mkdir(exist_ok=True)
     weights = (
         f"import torch; torch.manual_seed({args.seed}); from networks.FPN.pvtv2 import pvt_v2_b0; "
@@ -250,6 +260,8 @@ def main() -> None:
     wall = run_logged(argv, code, env, work / "train_fed.out", args.timeout)
     initial = str((work / "pvt_v2_b0.pth").resolve())
     provenance = CODE.provenance("scripts/train_fed.py", cmd, initial_weights=initial)
+    if args.fresh_draws:
+        provenance["diagnostic"] = "fresh draws every round (shim: persistent loader workers)"
     if not args.ft_epochs:
         write_round_pick(
             args,

@@ -70,6 +70,7 @@ FEDDP_POLYP: dict[str, dict[str, str]] = {
         "fedseg authors, foreground Dice": f"{POLYP}/fedseg-authors-feddp-dice-fg",
         "fedseg authors + the code's clamp": f"{POLYP}/fedseg-authors-feddp-clamp",
         "fedseg authors, the code's decoder init": f"{POLYP}/fedseg-authors-feddp-torch-init",
+        "authors, fresh draws": f"{POLYP}/authors-ours_q-fresh-draws",
     },
     "FedDP, stage 1": {
         "authors": f"{POLYP}/authors-ours_q-stage1",
@@ -85,7 +86,9 @@ polyp federation of virtual-class Table I, PVTv2-b0 + FPN from the code's initia
 each seed; the ``fedseg`` arms are fedseg's defaults on the same network and budget. The two
 ``fedseg authors ...`` arms switch one remaining difference from the code each (seed 0):
 ``train.loss: dice_foreground`` (its sigmoid-channel Dice), ``train.grad_clamp: 1.0`` and
-``model.decoder_init: torch`` (its bare smp ``FPNDecoder``). ``FedDP, stage 1``: the rounds
+``model.decoder_init: torch`` (its bare smp ``FPNDecoder``); ``authors, fresh draws`` is the
+code without its replayed draws (``pflseg.py --fresh-draws``, a diagnostic, seed 0).
+``FedDP, stage 1``: the rounds
 alone (``ft_epochs: 0``; the code's side scored from the same runs' round captures,
 ``pflseg.py --stage1``)."""
 

@@ -21,6 +21,11 @@ training process by ``benchmarks/parity/pflseg.py`` through ``PYTHONPATH`` (Pyth
    (the driver's ``--ft-epochs``) also the model's weights to ``site{k}_last.pth``
    (overwritten: the last evaluated model, from which the driver starts ``train_ft.py``).
    The wrapper returns the model's own outputs and the function's own scores.
+6. Diagnostic only, with ``$FEDSEG_PARITY_FRESH_DRAWS`` (the driver's ``--fresh-draws``):
+   every ``DataLoader`` with workers keeps them over its passes (``persistent_workers``), so
+   the worker's ``random`` runs on and each round draws anew instead of replaying the first
+   round's 300 draws (a defect of the code, docs/methods/feddp.md); this removes the defect
+   to measure its effect, and such a run is no parity arm of the code as published.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ PREFIX = "/raid/wjc/data/SpecializedFedSeg"
 DATA = os.environ.get("FEDSEG_PARITY_DATA", PREFIX)
 CAPTURE = os.environ.get("FEDSEG_PARITY_CAPTURE")
 KEEP_LAST = bool(os.environ.get("FEDSEG_PARITY_KEEP_LAST"))
+FRESH_DRAWS = bool(os.environ.get("FEDSEG_PARITY_FRESH_DRAWS"))
 _real_glob = _glob.glob
 
 
@@ -67,6 +73,16 @@ def _glob_redirect(pattern: str, *args: Any, **kwargs: Any) -> list[str]:
 
 
 _glob.glob = _glob_redirect
+
+if FRESH_DRAWS:
+    _loader_init = torch.utils.data.DataLoader.__init__
+
+    def _persistent(self: Any, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("num_workers", 0) > 0:
+            kwargs["persistent_workers"] = True
+        _loader_init(self, *args, **kwargs)
+
+    torch.utils.data.DataLoader.__init__ = _persistent  # type: ignore[method-assign]
 
 if "--seed" in sys.argv:
     seed = int(sys.argv[sys.argv.index("--seed") + 1])
