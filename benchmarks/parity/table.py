@@ -83,14 +83,13 @@ FEDDP_POLYP: dict[str, dict[str, str]] = {
 }
 """PFL-Seg-Trans's FedDP (``ours_q`` then 5 epochs of ``ours_q_bd_ft``) and its ports on the
 polyp federation of virtual-class Table I, PVTv2-b0 + FPN from the code's initial weights of
-each seed; the ``fedseg`` arms are fedseg's defaults on the same network and budget. The two
-``fedseg authors ...`` arms switch one remaining difference from the code each (seed 0):
-``train.loss: dice_foreground`` (its sigmoid-channel Dice), ``train.grad_clamp: 1.0`` and
+each seed; the ``fedseg`` arms are fedseg's defaults on the same network and budget. The
+three ``fedseg authors, ...`` diagnostic arms (seed 0) each switch one difference from the
+code: ``train.loss: dice_foreground`` (its sigmoid-channel Dice), ``train.grad_clamp: 1.0``,
 ``model.decoder_init: torch`` (its bare smp ``FPNDecoder``); ``authors, fresh draws`` is the
-code without its replayed draws (``pflseg.py --fresh-draws``, a diagnostic, seed 0).
-``FedDP, stage 1``: the rounds
-alone (``ft_epochs: 0``; the code's side scored from the same runs' round captures,
-``pflseg.py --stage1``)."""
+code without its replayed draws (``pflseg.py --fresh-draws``, seed 0). ``FedDP, stage 1``:
+the rounds alone (``ft_epochs: 0``; the code's side scored from the same runs' round
+captures, ``pflseg.py --stage1``)."""
 
 TABLES: dict[str, dict[str, dict[str, str]]] = {
     "fedlppa-table3": {

@@ -4,6 +4,7 @@ the papers use (epochs, momentum, kept optimiser state, Dice loss, cosine schedu
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -193,13 +194,14 @@ def test_an_epoch_based_run_resumes_from_its_own_config_yaml(tmp_path: Path):
 def test_dice_foreground_is_the_sigmoid_dice_of_the_foreground_channel():
     """``dice_foreground`` on two logits is FedDP's code's loss on one sigmoid channel:
     ``1 - (2 sum(p t) + s) / (sum p + sum t + s)`` over the batch, ``p = sigmoid(z1 - z0)``."""
-    ctx = _sim(loss="dice_foreground").context(_sim().sites["site0"], 0)
+    sim = _sim(loss="dice_foreground")
+    ctx = sim.context(sim.sites["site0"], 0)
     logits = torch.randn(3, 2, 8, 8)
     labels = torch.randint(0, 2, (3, 8, 8))
     p, t = torch.sigmoid(logits[:, 1] - logits[:, 0]), labels.float()
     code = 1 - (2 * (p * t).sum() + 1e-5) / (p.sum() + t.sum() + 1e-5)
     assert float(segmentation_loss(ctx)(logits, labels)) == pytest.approx(float(code), abs=1e-6)
-    both = segmentation_loss(_sim(loss="dice").context(_sim().sites["site0"], 0))
+    both = segmentation_loss(replace(ctx, train=ctx.train.model_copy(update={"loss": "dice"})))
     assert float(both(logits, labels)) != pytest.approx(float(code), abs=1e-3)
 
 

@@ -106,6 +106,12 @@ def test_perturbed_step_takes_the_gradient_at_the_perturbed_weights():
     torch.testing.assert_close(plain.weight.detach(), w0 - lr * gw)
     assert (plain.weight - net.weight).abs().max() > 1e-3  # the perturbation changed the step
 
+    clamped = make()
+    opt = torch.optim.SGD(clamped.parameters(), lr=lr)
+    perturbed_step(opt, lambda: loss(clamped), alpha, clamp=1e-3)  # train.grad_clamp
+    torch.testing.assert_close(clamped.weight.detach(), w0 - lr * gpw.clamp(-1e-3, 1e-3))
+    assert gpw.abs().max() > 1e-3  # the clamp acted
+
 
 def _sim(**cfg) -> Simulation:
     spec, sites = toy_federation(2)

@@ -339,8 +339,8 @@ class Federation:
         (more rounds, device, threads, ...); the config now and its changes, to record. A
         setting added to fedseg since the run began counts as unchanged at its default."""
         new, stored = dump_config(self.cfg), self.dir.stored_config()
-        filled = yaml.safe_load(dump_config(parse_config(stored, str(self.dir.config))))
-        changes = config_changes(stored, yaml.safe_load(new), defaults=filled)
+        was = yaml.safe_load(dump_config(parse_config(stored, str(self.dir.config))))
+        changes = config_changes(was, yaml.safe_load(new))
         unsafe = sorted(k for k in changes if k not in SAFE_RESUME_CHANGES)
         rounds = changes.get("train.rounds")
         if rounds and (not isinstance(rounds[0], int) or rounds[1] < rounds[0]):

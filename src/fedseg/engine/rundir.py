@@ -100,15 +100,9 @@ def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def config_changes(
-    old: Mapping[str, Any], new: Mapping[str, Any], defaults: Mapping[str, Any] | None = None
-) -> dict[str, list[Any]]:
-    """``{dotted key: [old, new]}`` of every setting that differs between two configs; a key
-    ``old`` lacks (a setting added since it was written) compares as its value in
-    ``defaults`` (``old`` parsed again, its defaults filled in), when given."""
+def config_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, list[Any]]:
+    """``{dotted key: [old, new]}`` of every setting that differs between two configs."""
     a, b = _flatten(old), _flatten(new)
-    if defaults is not None:
-        a = {**_flatten(defaults), **a}
     return {k: [a.get(k), b.get(k)] for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
 
 

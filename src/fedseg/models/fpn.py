@@ -25,9 +25,6 @@ from fedseg.models.paa import PAA
 from fedseg.models.pvtv2 import PVTv2, convert_pvtv2_state_dict
 from fedseg.models.registry import ModelConfig, register_model
 
-DecoderInit = Literal["kaiming", "torch"]
-"""How :class:`FPNDecoder` initialises its convolutions."""
-
 __all__ = [
     "FPNBlock",
     "FPNDecoder",
@@ -36,6 +33,9 @@ __all__ = [
     "SegOutput",
     "load_pvtv2_weights",
 ]
+
+DecoderInit = Literal["kaiming", "torch"]
+"""How :class:`FPNDecoder` initialises its convolutions."""
 
 
 class FPNBlock(nn.Module):
