@@ -62,10 +62,14 @@ FEDBCS_R85: dict[str, dict[str, str]] = {
 clamp left it), ``fedseg, the code's clamp`` the same config with ``method.clamp: true``."""
 
 POLYP = "parity/vc-table1-polyp/runs"
+FEDDP_V1 = "fedseg authors until 2026-12-05"
+"""FedDP's ``variant: authors`` before the code's foreground Dice, gradient clamp and decoder
+initialisation joined it (Dice on both classes, no clamp, fedseg's FPN initialisation)."""
 FEDDP_POLYP: dict[str, dict[str, str]] = {
     "FedDP": {
         "authors": f"{POLYP}/authors-ours_q",
         "fedseg authors": f"{POLYP}/fedseg-authors-feddp",
+        FEDDP_V1: f"{POLYP}/fedseg-authors-feddp-v1",
         "fedseg paper": f"{POLYP}/fedseg-feddp",
         "fedseg authors, foreground Dice": f"{POLYP}/fedseg-authors-feddp-dice-fg",
         "fedseg authors + the code's clamp": f"{POLYP}/fedseg-authors-feddp-clamp",
@@ -74,7 +78,7 @@ FEDDP_POLYP: dict[str, dict[str, str]] = {
     },
     "FedDP, stage 1": {
         "authors": f"{POLYP}/authors-ours_q-stage1",
-        "fedseg authors": f"{POLYP}/fedseg-authors-feddp-stage1",
+        FEDDP_V1: f"{POLYP}/fedseg-authors-feddp-v1-stage1",
     },
     **{
         name: {"authors": f"{POLYP}/authors-{fl}", "fedseg": f"{POLYP}/fedseg-{fl}"}
@@ -84,12 +88,13 @@ FEDDP_POLYP: dict[str, dict[str, str]] = {
 """PFL-Seg-Trans's FedDP (``ours_q`` then 5 epochs of ``ours_q_bd_ft``) and its ports on the
 polyp federation of virtual-class Table I, PVTv2-b0 + FPN from the code's initial weights of
 each seed; the ``fedseg`` arms are fedseg's defaults on the same network and budget. The
-three ``fedseg authors, ...`` diagnostic arms (seed 0) each switch one difference from the
-code: ``train.loss: dice_foreground`` (its sigmoid-channel Dice), ``train.grad_clamp: 1.0``,
-``model.decoder_init: torch`` (its bare smp ``FPNDecoder``); ``authors, fresh draws`` is the
-code without its replayed draws (``pflseg.py --fresh-draws``, seed 0). ``FedDP, stage 1``:
-the rounds alone (``ft_epochs: 0``; the code's side scored from the same runs' round
-captures, ``pflseg.py --stage1``)."""
+three ``fedseg authors, ...`` diagnostic arms (seed 0) each add one difference from the code
+to :data:`FEDDP_V1`: ``train.loss: dice_foreground`` (its sigmoid-channel Dice),
+``train.grad_clamp: 1.0``, ``model.decoder_init: torch`` (its bare smp ``FPNDecoder``); the
+variant holds all three since; ``authors, fresh draws`` is the code without its replayed
+draws (``pflseg.py --fresh-draws``, seed 0). ``FedDP, stage 1``: the rounds alone
+(``ft_epochs: 0``; the code's side scored from the same runs' round captures,
+``pflseg.py --stage1``)."""
 
 TABLES: dict[str, dict[str, dict[str, str]]] = {
     "fedlppa-table3": {
@@ -155,12 +160,24 @@ CONTRASTS: dict[str, list[tuple[str, str, str]]] = {
     "fedbcs-nuclei-r85": [("FedBCS", "fedseg default", "fedseg, the code's clamp")],
     "vc-table1-polyp": [
         ("FedDP", "fedseg paper", "fedseg authors"),
-        ("FedDP", "fedseg authors, foreground Dice", "fedseg authors"),
-        ("FedDP", "fedseg authors + the code's clamp", "fedseg authors"),
-        ("FedDP", "fedseg authors, the code's decoder init", "fedseg authors"),
+        ("FedDP", "fedseg authors", FEDDP_V1),
+        ("FedDP", "fedseg authors, foreground Dice", FEDDP_V1),
+        ("FedDP", "fedseg authors + the code's clamp", FEDDP_V1),
+        ("FedDP", "fedseg authors, the code's decoder init", FEDDP_V1),
     ],
 }
 """Per table, fedseg arms paired with each other: (method, arm, against)."""
+
+DIAGNOSTIC: dict[str, set[str]] = {
+    "vc-table1-polyp": {
+        "fedseg authors, foreground Dice",
+        "fedseg authors + the code's clamp",
+        "fedseg authors, the code's decoder init",
+        "authors, fresh draws",
+    },
+}
+"""Per table, arms run on seed 0 alone by design (one difference switched to trace a gap):
+their differences are shown, without a verdict."""
 
 BUDGETS: dict[str, dict[str, object]] = {
     "fedlppa-table3": {"rounds": 40, "local_iters": 10, "batch_size": 10, "lr": 0.01},
@@ -194,14 +211,19 @@ def _mean(runs: list[Path]) -> str:
     return f"{statistics.fmean(values):.1f}{sd} ({len(values)})"
 
 
-def _against(runs: list[Path], ref: list[Path], what: str) -> tuple[str, str, str]:
-    """The statistic, margin and verdict of ``runs`` against ``ref`` (matched seed counts)."""
+def _against(
+    runs: list[Path], ref: list[Path], what: str, diagnostic: bool = False
+) -> tuple[str, str, str]:
+    """The statistic, margin and verdict of ``runs`` against ``ref`` (matched seed counts;
+    ``diagnostic``: a one-seed arm by design, which gets no verdict)."""
     if not runs or not ref:
         return "", "", ""
     n = min(len(runs), len(ref))
     eq = compare_arms(runs[:n], ref[:n], what=what)
     p = eq.paired
     stat = f"{p.median:+.1f} [{p.low:+.1f}, {p.high:+.1f}] ({p.pairs} cases)"
+    if diagnostic:
+        return stat, f"{eq.margin:.1f}", f"diagnostic ({n} seed{'s' * (n > 1)}, no verdict)"
     waiting = len(runs) < SEEDS or len(ref) < SEEDS
     return stat, f"{eq.margin:.1f}", f"pending ({n} of {SEEDS} seeds)" if waiting else eq.verdict
 
@@ -214,14 +236,16 @@ def rows(table: str) -> list[str]:
         "|---|---|---|---|---|---|---|",
     ]
     budget = BUDGETS[table]
+    diagnostic = DIAGNOSTIC.get(table, set())
     for method, arms in TABLES[table].items():
         ref = seed_runs(EVIDENCE / arms["authors"], budget)
         for arm, folder in arms.items():
             runs = seed_runs(EVIDENCE / folder, budget)
             best = seed_runs(EVIDENCE / folder, budget, best=True)
             pick = _mean(best) if arm == "authors" else ""
+            what = f"{table} {method} {arm}"
             stat, margin, verdict = (
-                _against(runs, ref, f"{table} {method} {arm}") if arm != "authors" else ("",) * 3
+                _against(runs, ref, what, arm in diagnostic) if arm != "authors" else ("",) * 3
             )
             lines.append(
                 f"| {method} | {arm} | {_mean(runs)} | {pick} | {stat} | {margin} | {verdict} |"
@@ -238,7 +262,8 @@ def rows(table: str) -> list[str]:
             arms = TABLES[table][method]
             runs = seed_runs(EVIDENCE / arms[arm], budget)
             ref = seed_runs(EVIDENCE / arms[against], budget)
-            stat, margin, verdict = _against(runs, ref, f"{table} {method} {arm}/{against}")
+            what = f"{table} {method} {arm}/{against}"
+            stat, margin, verdict = _against(runs, ref, what, arm in diagnostic)
             lines.append(f"| {method} | {arm} | {against} | {stat} | {margin} | {verdict} |")
     return lines
 

@@ -22,7 +22,7 @@ from fedseg.backends import sim_settings
 from fedseg.configs import resolve_config
 from fedseg.errors import ConfigError, RegistryError
 from fedseg.methods import MethodConfig, TrainSettings, get_method
-from fedseg.methods.variants import variant_train
+from fedseg.methods.variants import outdated_variant, variant_model, variant_train
 from fedseg.models import ModelConfig, parse_model
 from fedseg.privacy.settings import PrivacySettings
 
@@ -227,12 +227,16 @@ class RunConfig(_Strict):
 
     @model_validator(mode="before")
     @classmethod
-    def _variant_train(cls, data: Any) -> Any:
-        """``method.variant`` also fixes ``train:`` settings (fedseg.methods.variants)."""
+    def _variant_blocks(cls, data: Any) -> Any:
+        """``method.variant`` also fixes ``train:`` and ``model:`` settings
+        (fedseg.methods.variants)."""
         if not isinstance(data, dict):
             return data
-        train = variant_train(data.get("method"), data.get("train"))
-        return data if train is data.get("train") else {**data, "train": train}
+        method = data.get("method")
+        train = variant_train(method, data.get("train"))
+        model = variant_model(method, data.get("model"))
+        changed = {k: v for k, v in (("train", train), ("model", model)) if v is not data.get(k)}
+        return {**data, **changed} if changed else data
 
     @field_validator("method")
     @classmethod
@@ -413,12 +417,18 @@ def from_run_dump(raw: dict[str, Any]) -> dict[str, Any]:
     ``benchmarks/data_seed_audit.py`` establishes); those before 2026-12-01 have no
     ``screening`` block (its defaults, off, are filled in) and no ``method.variant``: they
     ran the paper reading, ``variant: paper`` (FedLPPA's default is ``authors`` since
-    2026-12-03)."""
+    2026-12-03). A dump whose recorded settings conflict with what its variant fixes today
+    (FedDP's ``authors`` gained three on 2026-12-05) reads as ``variant: paper`` with the
+    settings it ran."""
     if "screening" not in raw:
         raw = {**raw, "screening": ScreeningSettings().model_dump()}
     method = raw.get("method")
     if isinstance(method, dict) and "variant" not in method and _has_variants(method):
         raw = {**raw, "method": {**method, "variant": "paper"}}
+    elif isinstance(method, dict):
+        plain = outdated_variant(method, raw.get("train"), raw.get("model"))
+        if plain is not None:
+            raw = {**raw, "method": {**method, "variant": plain}}
     train = raw.get("train")
     if isinstance(train, dict) and train.get("local_epochs") is not None:
         raw = {**raw, "train": {k: v for k, v in train.items() if k != "local_iters"}}

@@ -16,6 +16,7 @@ from fedseg.errors import ConfigError
 from fedseg.methods import Payload, ServerContext, TrainSettings, get_method
 from fedseg.methods.base import batches_per_epoch
 from fedseg.methods.pseudo_label import dual_decoder_loss
+from fedseg.models import parse_model
 from fedseg.testing import synth_folder, toy_federation
 
 METHODS = ("fedlppa", "fedbcs", "feddp")
@@ -30,8 +31,8 @@ def _documented(method: str) -> dict[str, dict]:
     """The ``| `where.key` | `value` | source |`` rows of the page's "variant: authors"."""
     page = (DOCS / f"{method}.md").read_text()
     section = page.split("## variant: authors", 1)[1].split("\n## ", 1)[0]
-    out: dict[str, dict] = {"method": {}, "train": {}}
-    row = re.compile(r"^\| `(method|train)\.(\w+)` \| `([^`]*)` \|", re.M)
+    out: dict[str, dict] = {"method": {}, "train": {}, "model": {}}
+    row = re.compile(r"^\| `(method|train|model)\.(\w+)` \| `([^`]*)` \|", re.M)
     for where, key, value in row.findall(section):
         out[where][key] = yaml.safe_load(value)
     return out
@@ -48,6 +49,7 @@ def test_authors_variant_resolves_to_exactly_the_documented_settings(method):
     fixed_or_filled = {**variant.defaults, **variant.method}
     assert doc["method"] == {k: _plain(v) for k, v in fixed_or_filled.items()}
     assert doc["train"] == dict(variant.train)
+    assert doc["model"] == {k: v for block in variant.model.values() for k, v in block.items()}
     cfg = _cfg({"name": method, "variant": "authors"})
     for key, value in doc["method"].items():
         assert cfg.method[key] == value, key
@@ -285,3 +287,67 @@ def test_one_round_with_variant_authors_runs_and_its_dump_shows_the_settings(met
         assert dumped["method"][key] == _plain(value), key
     for key, value in variant.train.items():
         assert dumped["train"][key] == value, key
+    for key, value in variant.model.get(dumped["model"]["name"], {}).items():
+        assert dumped["model"][key] == value, key
+
+
+def test_feddp_authors_variant_sets_the_codes_decoder_init_on_its_model_block():
+    fpn = {"name": "pvtv2_fpn", "pyramid_channels": 32}
+    authors = parse_config(
+        {"data": {"root": "x"}, "method": {"name": "feddp", "variant": "authors"}, "model": fpn}
+    )
+    assert authors.model["decoder_init"] == "torch" and authors.model["pyramid_channels"] == 32
+    paper = parse_config({"data": {"root": "x"}, "method": {"name": "feddp"}, "model": fpn})
+    assert paper.model["decoder_init"] == "kaiming"
+    clash = r"model.decoder_init: 'torch' \(the config sets 'kaiming'\)"
+    with pytest.raises(ConfigError, match=clash):
+        parse_config(
+            {
+                "data": {"root": "x"},
+                "method": {"name": "feddp", "variant": "authors"},
+                "model": {**fpn, "decoder_init": "kaiming"},
+            }
+        )
+    # a model the variant names no settings for is left as it is
+    unet = parse_config(
+        {
+            "data": {"root": "x"},
+            "method": {"name": "feddp", "variant": "authors"},
+            "model": {"name": "unet"},
+        }
+    )
+    assert unet.model == parse_config({"data": {"root": "x"}}).model
+
+
+@pytest.mark.parametrize(("variant", "init"), [("authors", "torch"), ("paper", "kaiming")])
+def test_feddp_builds_its_fpn_with_the_variants_decoder_init(variant, init):
+    """Without a ``pvtv2_fpn`` model block FedDP builds the network itself: the variant's
+    model settings apply there too."""
+    cls = get_method("feddp")
+    cfg = cls.Config(variant=variant)
+    built = cls._backbone(cfg, parse_model(None))
+    assert built.name == "pvtv2_fpn" and built.decoder_init == init
+
+
+def test_a_dump_made_before_the_variant_gained_settings_reads_as_what_it_ran(tmp_path):
+    """FedDP's ``authors`` gained the code's Dice, clamp and decoder init on 2026-12-05: a
+    dump of the variant from before records the old values and reloads as ``paper`` with
+    exactly those settings, where a hand-written config that says so is refused."""
+    fpn = {"name": "pvtv2_fpn", "pyramid_channels": 32}
+    cfg = parse_config(
+        {"data": {"root": "x"}, "method": {"name": "feddp", "variant": "authors"}, "model": fpn}
+    )
+    dumped = yaml.safe_load(dump_config(cfg))
+    dumped["train"]["loss"], dumped["train"]["grad_clamp"] = "dice", None
+    del dumped["model"]["decoder_init"]  # the setting did not exist yet
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(dumped))
+    old = load_config(path, run_dump=True)
+    assert old.method["variant"] == "paper"
+    assert old.train.loss == "dice" and old.train.grad_clamp is None
+    assert old.model["decoder_init"] == "kaiming"
+    assert old.train.keep_optimizer_state and old.method["aggregation"] == "uniform"
+    with pytest.raises(ConfigError, match=r"train\.loss: 'dice_foreground'"):
+        load_config(path)
+    path.write_text(dump_config(cfg))  # today's dump keeps its variant
+    assert load_config(path, run_dump=True).method["variant"] == "authors"

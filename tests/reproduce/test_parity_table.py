@@ -71,3 +71,20 @@ def test_runs_of_another_budget_are_left_out_and_verdicts_wait_for_three_seeds(t
     last = [c.strip() for c in lines[-1].split("|")[1:-1]]
     assert last[:3] == ["M", "fedseg paper", "fedseg authors"]
     assert last[3].startswith("-10.1") and last[5].startswith("pending")
+
+
+def test_a_one_seed_diagnostic_arm_shows_its_difference_without_a_verdict(
+    table, tmp_path, monkeypatch
+):
+    base = np.random.default_rng(1).uniform(0.6, 0.9, 30)
+    for s in range(3):
+        _run(tmp_path / "a" / f"seed{s}", base + 0.004 * s)
+        _run(tmp_path / "v" / f"seed{s}", base + 0.004 * s + 0.001)
+    _run(tmp_path / "f" / "seed0", base - 0.1)
+    monkeypatch.setattr(table, "DIAGNOSTIC", {"t": {"fedseg paper"}})
+    lines = table.rows("t")
+    default = _row(lines, "fedseg paper")
+    assert default[4].startswith("-10.0") and default[6] == "diagnostic (1 seed, no verdict)"
+    assert _row(lines, "fedseg authors")[6] == "equivalent"  # three seeds: a verdict
+    last = [c.strip() for c in lines[-1].split("|")[1:-1]]
+    assert last[5] == "diagnostic (1 seed, no verdict)"

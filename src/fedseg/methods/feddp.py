@@ -57,8 +57,10 @@ AUTHORS = Variant(
         "keep_optimizer_state": True,
         "batch_size": 8,
         "local_iters": 38,
-        "loss": "dice",
+        "loss": "dice_foreground",
+        "grad_clamp": 1.0,
     },
+    model={"pvtv2_fpn": {"decoder_init": "torch"}},
 )
 """``variant: authors``: jcwang123/PFL-Seg-Trans at d715417c (``--fl ours_q``, then
 ``ours_q_bd_ft``), its defects excepted; the table with the source of each setting is in
@@ -159,7 +161,9 @@ class FedDP(FedAvg):
                 f"block sets {model.name!r} with options; use model.name: pvtv2_fpn, or "
                 f"method.backbone: model with method.query naming its personal parameters"
             )
-        return parse_model({"name": "pvtv2_fpn"})
+        variant = cfg.variants.get(cfg.variant)
+        settings = variant.model.get("pvtv2_fpn", {}) if variant else {}
+        return parse_model({"name": "pvtv2_fpn", **settings})
 
     def parts(self, model: nn.Module) -> ResolvedPartition:
         if self._parts is None:

@@ -1,5 +1,5 @@
-"""Named variants of a method: ``method.variant`` fixes a set of method and ``train:``
-settings at once (``authors``: what the authors' public code does, its defects excepted).
+"""Named variants of a method: ``method.variant`` fixes a set of method, ``train:`` and
+``model:`` settings at once (``authors``: what the authors' public code does, its defects excepted).
 
 The variant's settings are filled in when the config is loaded, so the run's
 ``config.yaml`` records every one of them. A setting given explicitly with another value
@@ -17,8 +17,16 @@ from pydantic import BaseModel, TypeAdapter, ValidationError, model_validator
 from fedseg.errors import RegistryError
 from fedseg.methods.base import MethodConfig, TrainSettings
 from fedseg.methods.registry import get_method
+from fedseg.models.registry import get_model
 
-__all__ = ["Variant", "VariantConfig", "conflicts", "variant_train"]
+__all__ = [
+    "Variant",
+    "VariantConfig",
+    "conflicts",
+    "outdated_variant",
+    "variant_model",
+    "variant_train",
+]
 
 
 @dataclass(frozen=True)
@@ -29,6 +37,9 @@ class Variant:
     """Method settings (the ``method:`` block); another value given for one is refused."""
     train: Mapping[str, Any] = field(default_factory=dict)
     """``train:`` settings, fixed as ``method``."""
+    model: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """``model:`` settings per model name, fixed as ``method`` where the model block names
+    that model (a method that builds its own network applies them there too)."""
     defaults: Mapping[str, Any] = field(default_factory=dict)
     """Method settings filled in where the config gives none; a given value is kept (a
     schedule tied to the run's budget, e.g. a warm-up in rounds)."""
@@ -102,27 +113,77 @@ class VariantConfig(MethodConfig):
         return {**chosen.defaults, **data, **chosen.method}
 
 
-def variant_train(method: Any, train: Any) -> Any:
-    """The ``train:`` block with the settings of the ``method:`` block's ``variant`` filled
-    in (``train`` as given where the method or variant is unknown or fixes none: their own
-    validation reports those). Raises ``ValueError`` naming every conflicting setting of
-    both blocks."""
+def _variant_of(method: Any) -> tuple[type[BaseModel], str, Variant] | None:
+    """The method's settings class, variant name and :class:`Variant` a ``method:`` block
+    chooses (``None`` where the method or variant is unknown or the variant sets nothing:
+    their own validation reports those)."""
     if not isinstance(method, Mapping):
-        return train
+        return None
     try:
         config = get_method(str(method.get("name"))).Config
     except RegistryError:
-        return train
+        return None
     if "variant" not in config.model_fields:
-        return train
+        return None
     name, chosen = _chosen(config, method)
-    if chosen is None or not chosen.train:
+    return None if chosen is None else (config, name, chosen)
+
+
+def variant_train(method: Any, train: Any) -> Any:
+    """The ``train:`` block with the settings of the ``method:`` block's ``variant`` filled
+    in (``train`` as given where the method or variant is unknown or fixes none). Raises
+    ``ValueError`` naming every conflicting setting of both blocks."""
+    found = _variant_of(method)
+    if found is None or not found[2].train:
         return train
+    config, name, chosen = found
     if isinstance(train, TrainSettings):
         train = train.model_dump(exclude_unset=True)
     if not isinstance(train, Mapping | None):
         return train
     given = dict(train or {})
-    found = conflicts(chosen.method, method, config, "method")
-    _refuse(config, name, found + conflicts(chosen.train, given, TrainSettings, "train"))
+    clashes = conflicts(chosen.method, method, config, "method")
+    _refuse(config, name, clashes + conflicts(chosen.train, given, TrainSettings, "train"))
     return {**given, **chosen.train}
+
+
+def variant_model(method: Any, model: Any) -> Any:
+    """The ``model:`` block with the variant's settings for the model it names filled in
+    (``model`` as given where none apply). Raises ``ValueError`` naming a conflicting one."""
+    found = _variant_of(method)
+    if found is None or not isinstance(model, Mapping):
+        return model
+    config, name, chosen = found
+    fixed = chosen.model.get(str(model.get("name")))
+    if not fixed:
+        return model
+    try:
+        settings = get_model(str(model["name"]))
+    except RegistryError:
+        return model
+    _refuse(config, name, conflicts(fixed, model, settings, "model"))
+    return {**model, **fixed}
+
+
+def outdated_variant(method: Any, train: Any, model: Any) -> str | None:
+    """For a run's ``config.yaml``, which records every setting it ran with: the variant that
+    fixes nothing (``paper``), where a setting it recorded conflicts with what its variant
+    fixes today (the variant gained the setting since the run); ``None`` where none does."""
+    found = _variant_of(method)
+    if found is None:
+        return None
+    config, _, chosen = found
+    clash = conflicts(chosen.method, method, config, "method")
+    if isinstance(train, Mapping):
+        clash += conflicts(chosen.train, train, TrainSettings, "train")
+    if isinstance(model, Mapping) and chosen.model.get(str(model.get("name"))):
+        try:
+            settings = get_model(str(model["name"]))
+        except RegistryError:
+            return None
+        clash += conflicts(chosen.model[str(model["name"])], model, settings, "model")
+    if not clash:
+        return None
+    return next(
+        n for n in get_args(config.model_fields["variant"].annotation) if n not in config.variants
+    )
