@@ -90,3 +90,24 @@ def test_decoder_init_kaiming_as_smp_or_torch_default_as_feddp_code():
     assert kaiming.weight.abs().max() <= 6**0.5 * bound
     assert p5.weight.abs().max() <= bound and p5.bias.abs().max() <= bound
     assert p5.bias.abs().min() > 0
+
+
+def test_upsample_probabilities_interpolates_the_softmax_as_feddps_code():
+    """``probabilities``: a softmax of the output is the bilinear x4 up-sampling of the
+    head's probabilities (the code: sigmoid, then ``F.interpolate``; on two classes the
+    softmax is the sigmoid of the logit difference); ``logits`` up-samples the logits."""
+    torch.manual_seed(0)
+    net = parse_model({"name": "pvtv2_fpn", "upsample": "probabilities"}).build(3, 2, 2).eval()
+    x = torch.rand(2, 3, 64, 64)
+    with torch.no_grad():
+        out = net(x)
+        head = net.decoder.head(net.decoder.fpn.merge(net.decoder.fpn.pyramid(net.encode(x), [])))
+        sig = torch.sigmoid(head[:, 1:] - head[:, :1])  # the code's one sigmoid channel
+        code = torch.nn.functional.interpolate(sig, size=(64, 64), mode="bilinear")
+        net.upsample = "logits"
+        plain = net(x)
+    assert out.shape == plain.shape == (2, 2, 64, 64)
+    assert torch.allclose(out.softmax(1)[:, 1:], code, atol=1e-6)
+    assert not torch.allclose(plain.softmax(1)[:, 1:], code, atol=1e-4)
+    with pytest.raises(ConfigError, match="model.upsample"):
+        parse_model({"name": "pvtv2_fpn", "upsample": "nearest"})

@@ -36,6 +36,10 @@ __all__ = [
 
 DecoderInit = Literal["kaiming", "torch"]
 """How :class:`FPNDecoder` initialises its convolutions."""
+Upsample = Literal["logits", "probabilities"]
+"""What the x4 up-sampling to the input size interpolates: the head's logits, or its class
+probabilities (FedDP's code: a sigmoid, then ``F.interpolate``), returned as their logarithm
+so that a softmax of the output gives the interpolated probabilities."""
 
 
 class FPNBlock(nn.Module):
@@ -193,8 +197,10 @@ class PVTv2FPN(nn.Module):
         dropout: float = 0.2,
         paa: bool = False,
         decoder_init: DecoderInit = "kaiming",
+        upsample: Upsample = "logits",
     ) -> None:
         super().__init__()
+        self.upsample = upsample
         self.encoder = PVTv2(in_channels, drop_path=drop_path)
         self.decoder = FPNHead(
             self.encoder.channels,
@@ -223,9 +229,14 @@ class PVTv2FPN(nn.Module):
         enc = self.encode(x)
         levels = self.decoder.fpn.pyramid(enc, self.paa)
         merged = self.decoder.fpn.merge(levels)
-        logits = F.interpolate(
-            self.decoder.head(merged), size=x.shape[2:], mode="bilinear", align_corners=False
-        )
+        head = self.decoder.head(merged)
+        if self.upsample == "probabilities":
+            probs = F.interpolate(
+                head.softmax(1), size=x.shape[2:], mode="bilinear", align_corners=False
+            )
+            logits = probs.clamp_min(torch.finfo(probs.dtype).tiny).log()
+        else:
+            logits = F.interpolate(head, size=x.shape[2:], mode="bilinear", align_corners=False)
         feats = {f"enc{i + 1}": f for i, f in enumerate(enc)}
         feats |= {f"dec{4 - i}": p for i, p in enumerate(levels)}
         feats["fpn"] = merged
@@ -265,7 +276,9 @@ class PVTv2FPNConfig(ModelConfig):
     ``pyramid_channels``/``segmentation_channels``/``dropout``: the FPN (smp defaults);
     ``weights``: an ImageNet PVTv2-b0 checkpoint (timm or original key names) loaded into the
     encoder when the network is built (default none: random initialisation);
-    ``decoder_init``: the FPN's initialisation (:class:`FPNDecoder`; ``torch`` as FedDP's code).
+    ``decoder_init``: the FPN's initialisation (:class:`FPNDecoder`; ``torch`` as FedDP's code);
+    ``upsample``: what the output's x4 up-sampling interpolates (:data:`Upsample`;
+    ``probabilities`` as FedDP's code).
     """
 
     name: Literal["pvtv2_fpn"] = "pvtv2_fpn"
@@ -275,6 +288,7 @@ class PVTv2FPNConfig(ModelConfig):
     dropout: NonNegativeFloat = Field(0.2, lt=1)
     weights: Path | None = None
     decoder_init: DecoderInit = "kaiming"
+    upsample: Upsample = "logits"
 
     def channels_last_faster(self, ndim: int) -> bool:
         """No: on CPU a channels-last training step is within 5% of a contiguous one and
@@ -301,6 +315,7 @@ class PVTv2FPNConfig(ModelConfig):
             dropout=self.dropout,
             paa=paa,
             decoder_init=self.decoder_init,
+            upsample=self.upsample,
         )
         if self.weights is not None:
             try:
