@@ -109,5 +109,5 @@ def test_upsample_probabilities_interpolates_the_softmax_as_feddps_code():
     assert out.shape == plain.shape == (2, 2, 64, 64)
     assert torch.allclose(out.softmax(1)[:, 1:], code, atol=1e-6)
     assert not torch.allclose(plain.softmax(1)[:, 1:], code, atol=1e-4)
-    with pytest.raises(ConfigError, match="model.upsample"):
+    with pytest.raises(ConfigError, match=r"model\.upsample"):
         parse_model({"name": "pvtv2_fpn", "upsample": "nearest"})
