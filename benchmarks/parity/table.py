@@ -79,6 +79,7 @@ FEDDP_POLYP: dict[str, dict[str, str]] = {
     "FedDP, stage 1": {
         "authors": f"{POLYP}/authors-ours_q-stage1",
         FEDDP_V1: f"{POLYP}/fedseg-authors-feddp-v1-stage1",
+        "authors, fresh draws": f"{POLYP}/authors-ours_q-fresh-draws-stage1",
     },
     **{
         name: {"authors": f"{POLYP}/authors-{fl}", "fedseg": f"{POLYP}/fedseg-{fl}"}
