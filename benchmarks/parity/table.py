@@ -63,6 +63,9 @@ clamp left it), ``fedseg, the code's clamp`` the same config with ``method.clamp
 
 POLYP = "parity/vc-table1-polyp/runs"
 FEDDP_V1 = "fedseg authors until 2026-12-05"
+LOGITS = "fedseg authors, logits up-sampled"
+"""The variant before ``model.upsample: probabilities`` joined it (the x4 up-sampling of the
+head's logits, not of its probabilities as the code's sigmoid-then-``F.interpolate``)."""
 """FedDP's ``variant: authors`` before the code's foreground Dice, gradient clamp and decoder
 initialisation joined it (Dice on both classes, no clamp, fedseg's FPN initialisation)."""
 FEDDP_POLYP: dict[str, dict[str, str]] = {
@@ -75,15 +78,21 @@ FEDDP_POLYP: dict[str, dict[str, str]] = {
         "fedseg authors + the code's clamp": f"{POLYP}/fedseg-authors-feddp-clamp",
         "fedseg authors, the code's decoder init": f"{POLYP}/fedseg-authors-feddp-torch-init",
         "authors, fresh draws": f"{POLYP}/authors-ours_q-fresh-draws",
+        LOGITS: f"{POLYP}/fedseg-authors-feddp-v2",
     },
     "FedDP, stage 1": {
         "authors": f"{POLYP}/authors-ours_q-stage1",
         FEDDP_V1: f"{POLYP}/fedseg-authors-feddp-v1-stage1",
         "authors, fresh draws": f"{POLYP}/authors-ours_q-fresh-draws-stage1",
     },
+    "FedAvg": {
+        "authors": f"{POLYP}/authors-fedavg",
+        "fedseg": f"{POLYP}/fedseg-fedavg",
+        "fedseg, the code's probability up-sampling": f"{POLYP}/fedseg-fedavg-prob-upsample",
+    },
     **{
         name: {"authors": f"{POLYP}/authors-{fl}", "fedseg": f"{POLYP}/fedseg-{fl}"}
-        for name, fl in [("FedAvg", "fedavg"), ("FedRep", "fedrep"), ("FedBABU", "fedbabu")]
+        for name, fl in [("FedRep", "fedrep"), ("FedBABU", "fedbabu")]
     },
 }
 """PFL-Seg-Trans's FedDP (``ours_q`` then 5 epochs of ``ours_q_bd_ft``) and its ports on the
@@ -161,10 +170,11 @@ CONTRASTS: dict[str, list[tuple[str, str, str]]] = {
     "fedbcs-nuclei-r85": [("FedBCS", "fedseg default", "fedseg, the code's clamp")],
     "vc-table1-polyp": [
         ("FedDP", "fedseg paper", "fedseg authors"),
-        ("FedDP", "fedseg authors", FEDDP_V1),
         ("FedDP", "fedseg authors, foreground Dice", FEDDP_V1),
         ("FedDP", "fedseg authors + the code's clamp", FEDDP_V1),
         ("FedDP", "fedseg authors, the code's decoder init", FEDDP_V1),
+        ("FedDP", LOGITS, "fedseg authors"),
+        ("FedAvg", "fedseg, the code's probability up-sampling", "fedseg"),
     ],
 }
 """Per table, fedseg arms paired with each other: (method, arm, against)."""
@@ -175,6 +185,8 @@ DIAGNOSTIC: dict[str, set[str]] = {
         "fedseg authors + the code's clamp",
         "fedseg authors, the code's decoder init",
         "authors, fresh draws",
+        LOGITS,
+        "fedseg, the code's probability up-sampling",
     },
 }
 """Per table, arms run on seed 0 alone by design (one difference switched to trace a gap):

@@ -60,7 +60,7 @@ AUTHORS = Variant(
         "loss": "dice_foreground",
         "grad_clamp": 1.0,
     },
-    model={"pvtv2_fpn": {"decoder_init": "torch"}},
+    model={"pvtv2_fpn": {"decoder_init": "torch", "upsample": "probabilities"}},
 )
 """``variant: authors``: jcwang123/PFL-Seg-Trans at d715417c (``--fl ours_q``, then
 ``ours_q_bd_ft``), its defects excepted; the table with the source of each setting is in
