@@ -160,9 +160,9 @@ def test_3d_unet_trains_finite_under_bf16_and_channels_last(tmp_path, monkeypatc
     steps: list[Precision] = []
     step = training.backward_step
 
-    def checked(opt, loss, scaler):  # type: ignore[no-untyped-def]
+    def checked(opt, loss, scaler, clamp=None):  # type: ignore[no-untyped-def]
         assert torch.isfinite(loss), f"non-finite loss at step {len(steps)}"
-        step(opt, loss, scaler)
+        step(opt, loss, scaler, clamp)
         params = [p for group in opt.param_groups for p in group["params"]]
         assert all(torch.isfinite(p).all() for p in params), f"weight at step {len(steps)}"
         steps.append(training.current_precision())
