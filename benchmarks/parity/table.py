@@ -63,6 +63,9 @@ clamp left it), ``fedseg, the code's clamp`` the same config with ``method.clamp
 
 POLYP = "parity/vc-table1-polyp/runs"
 FEDDP_V1 = "fedseg authors until 2026-12-05"
+SMP = "smp's FPN head, until 2026-12-05"
+"""Arms run on ``pvtv2_fpn`` before it defaulted to FedDP's code (``decoder_init: kaiming``,
+``upsample: logits``: segmentation-models-pytorch's ``FPN`` model)."""
 LOGITS = "fedseg authors, logits up-sampled"
 """The variant before ``model.upsample: probabilities`` joined it (the x4 up-sampling of the
 head's logits, not of its probabilities as the code's sigmoid-then-``F.interpolate``)."""
@@ -74,6 +77,7 @@ FEDDP_POLYP: dict[str, dict[str, str]] = {
         "fedseg authors": f"{POLYP}/fedseg-authors-feddp",
         FEDDP_V1: f"{POLYP}/fedseg-authors-feddp-v1",
         "fedseg paper": f"{POLYP}/fedseg-feddp",
+        f"fedseg paper, {SMP}": f"{POLYP}/fedseg-feddp-smp",
         "fedseg authors, foreground Dice": f"{POLYP}/fedseg-authors-feddp-dice-fg",
         "fedseg authors + the code's clamp": f"{POLYP}/fedseg-authors-feddp-clamp",
         "fedseg authors, the code's decoder init": f"{POLYP}/fedseg-authors-feddp-torch-init",
@@ -88,7 +92,8 @@ FEDDP_POLYP: dict[str, dict[str, str]] = {
     "FedAvg": {
         "authors": f"{POLYP}/authors-fedavg",
         "fedseg": f"{POLYP}/fedseg-fedavg",
-        "fedseg, the code's probability up-sampling": f"{POLYP}/fedseg-fedavg-prob-upsample",
+        f"fedseg, {SMP}": f"{POLYP}/fedseg-fedavg-smp",
+        "fedseg, smp's FPN init, the code's up-sampling": f"{POLYP}/fedseg-fedavg-prob-upsample",
     },
     **{
         name: {"authors": f"{POLYP}/authors-{fl}", "fedseg": f"{POLYP}/fedseg-{fl}"}
@@ -170,11 +175,12 @@ CONTRASTS: dict[str, list[tuple[str, str, str]]] = {
     "fedbcs-nuclei-r85": [("FedBCS", "fedseg default", "fedseg, the code's clamp")],
     "vc-table1-polyp": [
         ("FedDP", "fedseg paper", "fedseg authors"),
+        ("FedDP", f"fedseg paper, {SMP}", "fedseg authors"),
         ("FedDP", "fedseg authors, foreground Dice", FEDDP_V1),
         ("FedDP", "fedseg authors + the code's clamp", FEDDP_V1),
         ("FedDP", "fedseg authors, the code's decoder init", FEDDP_V1),
         ("FedDP", LOGITS, "fedseg authors"),
-        ("FedAvg", "fedseg, the code's probability up-sampling", "fedseg"),
+        ("FedAvg", "fedseg, smp's FPN init, the code's up-sampling", f"fedseg, {SMP}"),
     ],
 }
 """Per table, fedseg arms paired with each other: (method, arm, against)."""
@@ -186,7 +192,7 @@ DIAGNOSTIC: dict[str, set[str]] = {
         "fedseg authors, the code's decoder init",
         "authors, fresh draws",
         LOGITS,
-        "fedseg, the code's probability up-sampling",
+        "fedseg, smp's FPN init, the code's up-sampling",
     },
 }
 """Per table, arms run on seed 0 alone by design (one difference switched to trace a gap):

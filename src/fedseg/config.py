@@ -407,6 +407,11 @@ def _has_variants(block: dict[str, Any]) -> bool:
     return config is not None and "variant" in config.model_fields
 
 
+PVTV2_FPN_BEFORE = {"decoder_init": "kaiming", "upsample": "logits"}
+"""What a ``pvtv2_fpn`` network did before these settings existed (their defaults since
+2026-12-05 are FedDP's code, docs/methods/pvtv2_fpn.md)."""
+
+
 def from_run_dump(raw: dict[str, Any]) -> dict[str, Any]:
     """A run directory's ``config.yaml`` as :func:`parse_config` takes it and as a dump
     written today reads. Dumps written before 2026-11-25 also hold the inactive
@@ -417,11 +422,15 @@ def from_run_dump(raw: dict[str, Any]) -> dict[str, Any]:
     ``benchmarks/data_seed_audit.py`` establishes); those before 2026-12-01 have no
     ``screening`` block (its defaults, off, are filled in) and no ``method.variant``: they
     ran the paper reading, ``variant: paper`` (FedLPPA's default is ``authors`` since
-    2026-12-03). A dump whose recorded settings conflict with what its variant fixes today
-    (FedDP's ``authors`` gained three on 2026-12-05) reads as ``variant: paper`` with the
-    settings it ran."""
+    2026-12-03); a ``pvtv2_fpn`` block without ``decoder_init`` or ``upsample`` (before
+    2026-12-05) ran :data:`PVTV2_FPN_BEFORE`. A dump whose recorded settings conflict with
+    what its variant fixes today (FedDP's ``authors`` gained four on 2026-12-05) reads as
+    ``variant: paper`` with the settings it ran."""
     if "screening" not in raw:
         raw = {**raw, "screening": ScreeningSettings().model_dump()}
+    model = raw.get("model")
+    if isinstance(model, dict) and model.get("name") == "pvtv2_fpn":
+        raw = {**raw, "model": {**PVTV2_FPN_BEFORE, **model}}
     method = raw.get("method")
     if isinstance(method, dict) and "variant" not in method and _has_variants(method):
         raw = {**raw, "method": {**method, "variant": "paper"}}

@@ -20,7 +20,7 @@ def test_decoder_parameter_count_equals_smp_fpn_decoder():
 
 @pytest.mark.parametrize(("classes", "total"), [(1, 5_165_793), (2, 5_165_922)])
 def test_whole_network_counts(classes, total):
-    net = parse_model({"name": "pvtv2_fpn"}).build(3, classes, 2)
+    net = parse_model({"name": "pvtv2_fpn", "upsample": "logits"}).build(3, classes, 2)
     assert "pvtv2_fpn" in list_models()
     assert sum(p.numel() for p in net.parameters()) == total
     head = [k for k in net.state_dict() if k.startswith("decoder.head.")]
@@ -80,9 +80,10 @@ def test_decoder_init_kaiming_as_smp_or_torch_default_as_feddp_code():
     PyTorch's defaults (weights and biases within 1 / sqrt(fan_in)), what FedDP's code gets
     from a bare ``FPNDecoder``. The lateral 1x1 ``p5`` (fan_in 256) shows both."""
     torch.manual_seed(0)
-    kaiming = parse_model({"name": "pvtv2_fpn"}).build(3, 2, 2).decoder.fpn.p5
+    kaiming = parse_model({"name": "pvtv2_fpn", "decoder_init": "kaiming"}).build(3, 2, 2)
+    kaiming = kaiming.decoder.fpn.p5
     torch.manual_seed(0)
-    plain = parse_model({"name": "pvtv2_fpn", "decoder_init": "torch"}).build(3, 2, 2)
+    plain = parse_model({"name": "pvtv2_fpn"}).build(3, 2, 2)  # the default since 2026-12-05
     p5 = plain.decoder.fpn.p5
     bound = 256**-0.5
     assert torch.equal(kaiming.bias, torch.zeros(256))
@@ -97,7 +98,7 @@ def test_upsample_probabilities_interpolates_the_softmax_as_feddps_code():
     head's probabilities (the code: sigmoid, then ``F.interpolate``; on two classes the
     softmax is the sigmoid of the logit difference); ``logits`` up-samples the logits."""
     torch.manual_seed(0)
-    net = parse_model({"name": "pvtv2_fpn", "upsample": "probabilities"}).build(3, 2, 2).eval()
+    net = parse_model({"name": "pvtv2_fpn"}).build(3, 2, 2).eval()  # the default
     x = torch.rand(2, 3, 64, 64)
     with torch.no_grad():
         out = net(x)
@@ -111,3 +112,27 @@ def test_upsample_probabilities_interpolates_the_softmax_as_feddps_code():
     assert not torch.allclose(plain.softmax(1)[:, 1:], code, atol=1e-4)
     with pytest.raises(ConfigError, match=r"model\.upsample"):
         parse_model({"name": "pvtv2_fpn", "upsample": "nearest"})
+    with pytest.raises(ValueError, match="2 classes"):
+        PVTv2FPN(3, 1)  # one sigmoid channel: logits only
+
+
+def test_a_dump_from_before_the_codes_network_became_the_default_reads_as_it_ran(tmp_path):
+    """``decoder_init`` and ``upsample`` default to FedDP's code since 2026-12-05: a run's
+    ``config.yaml`` without them ran smp's ``FPN`` (kaiming, logits), and reads so; a
+    hand-written config without them gets the code's network."""
+    import yaml
+
+    from fedseg.config import dump_config, load_config, parse_config
+
+    raw = {"data": {"root": "x"}, "model": {"name": "pvtv2_fpn"}}
+    new = parse_config(raw)
+    assert (new.model["decoder_init"], new.model["upsample"]) == ("torch", "probabilities")
+    dumped = yaml.safe_load(dump_config(new))
+    del dumped["model"]["decoder_init"], dumped["model"]["upsample"]
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(dumped))
+    old = load_config(path, run_dump=True)
+    assert (old.model["decoder_init"], old.model["upsample"]) == ("kaiming", "logits")
+    assert load_config(path).model == new.model
+    path.write_text(dump_config(new))
+    assert load_config(path, run_dump=True) == new

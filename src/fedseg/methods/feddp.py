@@ -161,9 +161,7 @@ class FedDP(FedAvg):
                 f"block sets {model.name!r} with options; use model.name: pvtv2_fpn, or "
                 f"method.backbone: model with method.query naming its personal parameters"
             )
-        variant = cfg.variants.get(cfg.variant)
-        settings = variant.model.get("pvtv2_fpn", {}) if variant else {}
-        return parse_model({"name": "pvtv2_fpn", **settings})
+        return parse_model({"name": "pvtv2_fpn"})
 
     def parts(self, model: nn.Module) -> ResolvedPartition:
         if self._parts is None:

@@ -39,7 +39,7 @@ class Variant:
     """``train:`` settings, fixed as ``method``."""
     model: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """``model:`` settings per model name, fixed as ``method`` where the model block names
-    that model (a method that builds its own network applies them there too)."""
+    that model."""
     defaults: Mapping[str, Any] = field(default_factory=dict)
     """Method settings filled in where the config gives none; a given value is kept (a
     schedule tied to the run's budget, e.g. a warm-up in rounds)."""

@@ -196,10 +196,12 @@ class PVTv2FPN(nn.Module):
         segmentation_channels: int = 128,
         dropout: float = 0.2,
         paa: bool = False,
-        decoder_init: DecoderInit = "kaiming",
-        upsample: Upsample = "logits",
+        decoder_init: DecoderInit = "torch",
+        upsample: Upsample = "probabilities",
     ) -> None:
         super().__init__()
+        if upsample == "probabilities" and num_classes < 2:
+            raise ValueError("upsample: probabilities takes a softmax over >= 2 classes")
         self.upsample = upsample
         self.encoder = PVTv2(in_channels, drop_path=drop_path)
         self.decoder = FPNHead(
@@ -276,9 +278,10 @@ class PVTv2FPNConfig(ModelConfig):
     ``pyramid_channels``/``segmentation_channels``/``dropout``: the FPN (smp defaults);
     ``weights``: an ImageNet PVTv2-b0 checkpoint (timm or original key names) loaded into the
     encoder when the network is built (default none: random initialisation);
-    ``decoder_init``: the FPN's initialisation (:class:`FPNDecoder`; ``torch`` as FedDP's code);
-    ``upsample``: what the output's x4 up-sampling interpolates (:data:`Upsample`;
-    ``probabilities`` as FedDP's code).
+    ``decoder_init``: the FPN's initialisation (:class:`FPNDecoder`);
+    ``upsample``: what the output's x4 up-sampling interpolates (:data:`Upsample`).
+    Both default to FedDP's code (``torch``, ``probabilities``) since 2026-12-05; before,
+    ``kaiming`` and ``logits`` (smp's ``FPN`` model), which a run's dump without them ran.
     """
 
     name: Literal["pvtv2_fpn"] = "pvtv2_fpn"
@@ -287,8 +290,8 @@ class PVTv2FPNConfig(ModelConfig):
     segmentation_channels: PositiveInt = Field(128, multiple_of=32)
     dropout: NonNegativeFloat = Field(0.2, lt=1)
     weights: Path | None = None
-    decoder_init: DecoderInit = "kaiming"
-    upsample: Upsample = "logits"
+    decoder_init: DecoderInit = "torch"
+    upsample: Upsample = "probabilities"
 
     def channels_last_faster(self, ndim: int) -> bool:
         """No: on CPU a channels-last training step is within 5% of a contiguous one and
