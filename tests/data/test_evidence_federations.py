@@ -18,7 +18,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 TOLERANCE = 1e-5
 """The same data and run seed replay to about 1e-6 on another CPU in float32; another
-federation differs by 1e-2 or more (OpenCV 4.11 against 5.x: 2e-2 to 9e-2)."""
+federation differs by 1e-2 or more (OpenCV 4.11 against 5.x: 2e-2 to 9e-2). The kept run
+trained in float32 (on an AMD EPYC): bf16 kernels round differently from one CPU to another
+(FedLPPA Table III's bf16 FedAvg run replays 4e-3 off on an Intel Xeon with AMX)."""
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +35,7 @@ def audit():
     return module
 
 
-@pytest.mark.parametrize("run", ["fedlppa-table3/runs/fedavg/seed0"])
+@pytest.mark.parametrize("run", ["fedbcs-table1-nuclei/runs/fedprox/seed0"])
 def test_a_kept_runs_first_round_replays_on_a_federation_synthesized_here(audit, run, tmp_path):
     kept = ROOT / "docs" / "evidence" / run
     replayed = audit.replay(kept, 0, tmp_path)
