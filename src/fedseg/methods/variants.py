@@ -147,21 +147,30 @@ def variant_train(method: Any, train: Any) -> Any:
     return {**given, **chosen.train}
 
 
+def _model_settings(chosen: Variant, model: Any) -> tuple[Mapping[str, Any], list[str]]:
+    """The settings ``chosen`` fixes for the model the ``model:`` block names, and the
+    block's settings that conflict with them (none where it fixes none)."""
+    if not isinstance(model, Mapping) or not chosen.model.get(str(model.get("name"))):
+        return {}, []
+    try:
+        settings = get_model(str(model["name"]))
+    except RegistryError:
+        return {}, []
+    fixed = chosen.model[str(model["name"])]
+    return fixed, conflicts(fixed, model, settings, "model")
+
+
 def variant_model(method: Any, model: Any) -> Any:
     """The ``model:`` block with the variant's settings for the model it names filled in
     (``model`` as given where none apply). Raises ``ValueError`` naming a conflicting one."""
     found = _variant_of(method)
-    if found is None or not isinstance(model, Mapping):
+    if found is None:
         return model
     config, name, chosen = found
-    fixed = chosen.model.get(str(model.get("name")))
+    fixed, clashes = _model_settings(chosen, model)
     if not fixed:
         return model
-    try:
-        settings = get_model(str(model["name"]))
-    except RegistryError:
-        return model
-    _refuse(config, name, conflicts(fixed, model, settings, "model"))
+    _refuse(config, name, clashes)
     return {**model, **fixed}
 
 
@@ -173,17 +182,10 @@ def outdated_variant(method: Any, train: Any, model: Any) -> str | None:
     if found is None:
         return None
     config, _, chosen = found
-    clash = conflicts(chosen.method, method, config, "method")
+    clash = conflicts(chosen.method, method, config, "method") + _model_settings(chosen, model)[1]
     if isinstance(train, Mapping):
         clash += conflicts(chosen.train, train, TrainSettings, "train")
-    if isinstance(model, Mapping) and chosen.model.get(str(model.get("name"))):
-        try:
-            settings = get_model(str(model["name"]))
-        except RegistryError:
-            return None
-        clash += conflicts(chosen.model[str(model["name"])], model, settings, "model")
     if not clash:
         return None
-    return next(
-        n for n in get_args(config.model_fields["variant"].annotation) if n not in config.variants
-    )
+    names = get_args(config.model_fields["variant"].annotation)
+    return next(n for n in names if n not in config.variants)
