@@ -232,13 +232,14 @@ class PVTv2FPN(nn.Module):
         levels = self.decoder.fpn.pyramid(enc, self.paa)
         merged = self.decoder.fpn.merge(levels)
         head = self.decoder.head(merged)
-        if self.upsample == "probabilities":
-            probs = F.interpolate(
-                head.softmax(1), size=x.shape[2:], mode="bilinear", align_corners=False
-            )
-            logits = probs.clamp_min(torch.finfo(probs.dtype).tiny).log()
-        else:
-            logits = F.interpolate(head, size=x.shape[2:], mode="bilinear", align_corners=False)
+        probabilities = self.upsample == "probabilities"
+        up = F.interpolate(
+            head.softmax(1) if probabilities else head,
+            size=x.shape[2:],
+            mode="bilinear",
+            align_corners=False,
+        )
+        logits = up.clamp_min(torch.finfo(up.dtype).tiny).log() if probabilities else up
         feats = {f"enc{i + 1}": f for i, f in enumerate(enc)}
         feats |= {f"dec{4 - i}": p for i, p in enumerate(levels)}
         feats["fpn"] = merged
