@@ -63,14 +63,14 @@ clamp left it), ``fedseg, the code's clamp`` the same config with ``method.clamp
 
 POLYP = "parity/vc-table1-polyp/runs"
 FEDDP_V1 = "fedseg authors until 2026-12-05"
+"""FedDP's ``variant: authors`` before the code's foreground Dice, gradient clamp and decoder
+initialisation joined it (Dice on both classes, no clamp, fedseg's FPN initialisation)."""
 SMP = "smp's FPN head, until 2026-12-05"
 """Arms run on ``pvtv2_fpn`` before it defaulted to FedDP's code (``decoder_init: kaiming``,
 ``upsample: logits``: segmentation-models-pytorch's ``FPN`` model)."""
 LOGITS = "fedseg authors, logits up-sampled"
 """The variant before ``model.upsample: probabilities`` joined it (the x4 up-sampling of the
 head's logits, not of its probabilities as the code's sigmoid-then-``F.interpolate``)."""
-"""FedDP's ``variant: authors`` before the code's foreground Dice, gradient clamp and decoder
-initialisation joined it (Dice on both classes, no clamp, fedseg's FPN initialisation)."""
 FEDDP_POLYP: dict[str, dict[str, str]] = {
     "FedDP": {
         "authors": f"{POLYP}/authors-ours_q",
@@ -185,18 +185,27 @@ CONTRASTS: dict[str, list[tuple[str, str, str]]] = {
 }
 """Per table, fedseg arms paired with each other: (method, arm, against)."""
 
-DIAGNOSTIC: dict[str, set[str]] = {
+NO_VERDICT: dict[str, dict[str, str]] = {
+    "fedlppa-table3": {
+        "fedseg, its 8 + 2 split only": "diagnostic",
+        "fedseg, SGD only": "diagnostic",
+    },
+    "fedbcs-table1-nuclei": {BCS_AUG: "diagnostic"},
     "vc-table1-polyp": {
-        "fedseg authors, foreground Dice",
-        "fedseg authors + the code's clamp",
-        "fedseg authors, the code's decoder init",
-        "authors, fresh draws",
-        LOGITS,
-        "fedseg, smp's FPN init, the code's up-sampling",
+        "fedseg authors, foreground Dice": "diagnostic",
+        "fedseg authors + the code's clamp": "diagnostic",
+        "fedseg authors, the code's decoder init": "diagnostic",
+        "authors, fresh draws": "diagnostic",
+        LOGITS: "diagnostic",
+        "fedseg, smp's FPN init, the code's up-sampling": "diagnostic",
+        FEDDP_V1: "stopped: its network superseded",
+        f"fedseg, {SMP}": "stopped: its network superseded",
     },
 }
-"""Per table, arms run on seed 0 alone by design (one difference switched to trace a gap):
-their differences are shown, without a verdict."""
+"""Per table, arms that get no verdict, and why: run on seed 0 alone by design (a
+*diagnostic*: one difference switched to trace a gap), or stopped before three seeds when the
+network they ran on was replaced (their seeds so far stay shown). Their differences are
+shown; an arm named here that has three seeds still gets its verdict."""
 
 BUDGETS: dict[str, dict[str, object]] = {
     "fedlppa-table3": {"rounds": 40, "local_iters": 10, "batch_size": 10, "lr": 0.01},
@@ -231,19 +240,21 @@ def _mean(runs: list[Path]) -> str:
 
 
 def _against(
-    runs: list[Path], ref: list[Path], what: str, diagnostic: bool = False
+    runs: list[Path], ref: list[Path], what: str, no_verdict: str | None = None
 ) -> tuple[str, str, str]:
     """The statistic, margin and verdict of ``runs`` against ``ref`` (matched seed counts;
-    ``diagnostic``: a one-seed arm by design, which gets no verdict)."""
+    ``no_verdict``: why an arm with fewer than three seeds gets none, :data:`NO_VERDICT`)."""
     if not runs or not ref:
         return "", "", ""
     n = min(len(runs), len(ref))
     eq = compare_arms(runs[:n], ref[:n], what=what)
     p = eq.paired
     stat = f"{p.median:+.1f} [{p.low:+.1f}, {p.high:+.1f}] ({p.pairs} cases)"
-    if diagnostic:
-        return stat, f"{eq.margin:.1f}", f"diagnostic ({n} seed{'s' * (n > 1)}, no verdict)"
     waiting = len(runs) < SEEDS or len(ref) < SEEDS
+    if waiting and no_verdict:
+        reason, _, why = no_verdict.partition(": ")
+        why = f"; {why}" if why else ""
+        return stat, f"{eq.margin:.1f}", f"{reason} ({n} seed{'s' * (n > 1)}, no verdict{why})"
     return stat, f"{eq.margin:.1f}", f"pending ({n} of {SEEDS} seeds)" if waiting else eq.verdict
 
 
@@ -255,7 +266,7 @@ def rows(table: str) -> list[str]:
         "|---|---|---|---|---|---|---|",
     ]
     budget = BUDGETS[table]
-    diagnostic = DIAGNOSTIC.get(table, set())
+    no_verdict = NO_VERDICT.get(table, {})
     for method, arms in TABLES[table].items():
         ref = seed_runs(EVIDENCE / arms["authors"], budget)
         for arm, folder in arms.items():
@@ -264,7 +275,7 @@ def rows(table: str) -> list[str]:
             pick = _mean(best) if arm == "authors" else ""
             what = f"{table} {method} {arm}"
             stat, margin, verdict = (
-                _against(runs, ref, what, arm in diagnostic) if arm != "authors" else ("",) * 3
+                _against(runs, ref, what, no_verdict.get(arm)) if arm != "authors" else ("",) * 3
             )
             lines.append(
                 f"| {method} | {arm} | {_mean(runs)} | {pick} | {stat} | {margin} | {verdict} |"
@@ -282,7 +293,7 @@ def rows(table: str) -> list[str]:
             runs = seed_runs(EVIDENCE / arms[arm], budget)
             ref = seed_runs(EVIDENCE / arms[against], budget)
             what = f"{table} {method} {arm}/{against}"
-            stat, margin, verdict = _against(runs, ref, what, arm in diagnostic)
+            stat, margin, verdict = _against(runs, ref, what, no_verdict.get(arm))
             lines.append(f"| {method} | {arm} | {against} | {stat} | {margin} | {verdict} |")
     return lines
 

@@ -81,10 +81,25 @@ def test_a_one_seed_diagnostic_arm_shows_its_difference_without_a_verdict(
         _run(tmp_path / "a" / f"seed{s}", base + 0.004 * s)
         _run(tmp_path / "v" / f"seed{s}", base + 0.004 * s + 0.001)
     _run(tmp_path / "f" / "seed0", base - 0.1)
-    monkeypatch.setattr(table, "DIAGNOSTIC", {"t": {"fedseg paper"}})
+    monkeypatch.setattr(table, "NO_VERDICT", {"t": {"fedseg paper": "diagnostic"}})
     lines = table.rows("t")
     default = _row(lines, "fedseg paper")
     assert default[4].startswith("-10.0") and default[6] == "diagnostic (1 seed, no verdict)"
     assert _row(lines, "fedseg authors")[6] == "equivalent"  # three seeds: a verdict
     last = [c.strip() for c in lines[-1].split("|")[1:-1]]
     assert last[5] == "diagnostic (1 seed, no verdict)"
+
+
+def test_a_stopped_arm_says_why_and_an_arm_with_three_seeds_keeps_its_verdict(
+    table, tmp_path, monkeypatch
+):
+    base = np.random.default_rng(2).uniform(0.6, 0.9, 30)
+    for s in range(3):
+        _run(tmp_path / "a" / f"seed{s}", base + 0.004 * s)
+        _run(tmp_path / "v" / f"seed{s}", base + 0.004 * s + 0.001)
+    _run(tmp_path / "f" / "seed0", base - 0.1)
+    reasons = {"fedseg paper": "stopped: its network superseded", "fedseg authors": "diagnostic"}
+    monkeypatch.setattr(table, "NO_VERDICT", {"t": reasons})
+    lines = table.rows("t")
+    assert _row(lines, "fedseg paper")[6] == "stopped (1 seed, no verdict; its network superseded)"
+    assert _row(lines, "fedseg authors")[6] == "equivalent"
