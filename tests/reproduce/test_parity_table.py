@@ -73,14 +73,19 @@ def test_runs_of_another_budget_are_left_out_and_verdicts_wait_for_three_seeds(t
     assert last[3].startswith("-10.1") and last[5].startswith("pending")
 
 
-def test_a_one_seed_diagnostic_arm_shows_its_difference_without_a_verdict(
-    table, tmp_path, monkeypatch
-):
-    base = np.random.default_rng(1).uniform(0.6, 0.9, 30)
+def _three_and_one(tmp_path: Path, seed: int) -> None:
+    """The authors' and the variant's arms with three seeds, the default's with one."""
+    base = np.random.default_rng(seed).uniform(0.6, 0.9, 30)
     for s in range(3):
         _run(tmp_path / "a" / f"seed{s}", base + 0.004 * s)
         _run(tmp_path / "v" / f"seed{s}", base + 0.004 * s + 0.001)
     _run(tmp_path / "f" / "seed0", base - 0.1)
+
+
+def test_a_one_seed_diagnostic_arm_shows_its_difference_without_a_verdict(
+    table, tmp_path, monkeypatch
+):
+    _three_and_one(tmp_path, 1)
     monkeypatch.setattr(table, "NO_VERDICT", {"t": {"fedseg paper": "diagnostic"}})
     lines = table.rows("t")
     default = _row(lines, "fedseg paper")
@@ -93,11 +98,7 @@ def test_a_one_seed_diagnostic_arm_shows_its_difference_without_a_verdict(
 def test_a_stopped_arm_says_why_and_an_arm_with_three_seeds_keeps_its_verdict(
     table, tmp_path, monkeypatch
 ):
-    base = np.random.default_rng(2).uniform(0.6, 0.9, 30)
-    for s in range(3):
-        _run(tmp_path / "a" / f"seed{s}", base + 0.004 * s)
-        _run(tmp_path / "v" / f"seed{s}", base + 0.004 * s + 0.001)
-    _run(tmp_path / "f" / "seed0", base - 0.1)
+    _three_and_one(tmp_path, 2)
     reasons = {"fedseg paper": "stopped: its network superseded", "fedseg authors": "diagnostic"}
     monkeypatch.setattr(table, "NO_VERDICT", {"t": reasons})
     lines = table.rows("t")
