@@ -9,8 +9,9 @@ images, Adam at 1e-3, no augmentation, PVTv2-b0 + FPN from the code's initial we
 seed (``pflseg.py --weights-only`` writes them to ``runs/parity/work/pflseg-ours_q-s<seed>``),
 on the federation and evaluation of the table's kept runs. The baselines and ``fedseg-feddp``
 are fedseg's defaults; ``fedseg-authors-feddp`` is ``method.variant: authors``, which fixes
-its own ``train:`` and ``model:`` settings. ``eval.save_models`` is off: the parity table
-reads ``cases.csv``, and exporting a fine-tuning method's models repeats its fine-tuning.
+its own ``train:`` and ``model:`` settings. ``eval.save_models`` is off, as the arms ran: the
+parity table reads ``cases.csv`` alone (and until 2026-12-05 the export repeated a
+fine-tuning method's fine-tuning).
 """
 
 from __future__ import annotations

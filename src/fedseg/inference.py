@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -135,6 +135,8 @@ class RunModels:
 
     ``data_root`` replaces the config's ``data.root`` (needed for site models: a method's
     ``eval_model`` may fine-tune or adapt on the site's data, as in the run's evaluation).
+    ``built``: site models the run's final evaluation already built (the in-process
+    engine's, :attr:`~fedseg.engine.runner.InProcessRunner.eval_models`), used as they are.
     """
 
     def __init__(
@@ -143,6 +145,7 @@ class RunModels:
         *,
         device: torch.device | str = "cpu",
         data_root: str | Path | None = None,
+        built: Mapping[str, nn.Module] | None = None,
     ) -> None:
         rd = RunDir(Path(run_dir))
         if not rd.config.is_file():
@@ -161,6 +164,7 @@ class RunModels:
         self.server.load_state_dict(ck["server"])
         self._site_states: dict[str, Any] = dict(ck["sites"])
         self._run_uid: str = ck["run_uid"]
+        self._built = dict(built or {})
 
     @property
     def site_names(self) -> list[str]:
@@ -241,9 +245,11 @@ class RunModels:
         link = self.link
         key = site if site in link.workers else next(iter(link.workers))  # pooled training
         worker = link.workers[key]
-        model = worker.eval_model(self.round, self.server.payloads[key], self.sites[site])
+        model = self._built.get(site)
+        if model is None:
+            model = worker.eval_model(self.round, self.server.payloads[key], self.sites[site])
         return SiteModel(
-            copy.deepcopy(model).eval(),
+            copy.deepcopy(model).to(self.device).eval(),
             self.method.segment,
             self.info(site),
             self.device,

@@ -4,10 +4,12 @@ under a progress bar, then write its table, figures and models, and show its res
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from rich.logging import RichHandler
+from torch import nn
 
 from fedseg.config import RunConfig
 from fedseg.console import console, err, progress
@@ -33,14 +35,15 @@ def _logging(run_dir: Path, verbose: bool, quiet: bool) -> None:
     )
 
 
-def _save_models(run_dir: Path) -> None:
+def _save_models(run_dir: Path, built: Mapping[str, nn.Module]) -> None:
     """Export the run's evaluation models into ``RUN/models`` (a failure is reported, the
-    finished run stays)."""
+    finished run stays); ``built``: the models the final evaluation built, used as they are
+    (a site without one is built again from the checkpoint)."""
     from fedseg.export import export_run
     from fedseg.inference import RunModels
 
     try:
-        written = export_run(RunModels(run_dir), run_dir / "models")
+        written = export_run(RunModels(run_dir, built=built), run_dir / "models")
     except FedsegError as e:
         logging.getLogger("fedseg").warning("models not exported: %s", e.reason)
         return
@@ -70,13 +73,12 @@ def train(
         if not resume:
             rd.prepare_new(overwrite)
         _logging(run_dir, verbose, quiet)
+        runner = InProcessRunner(cfg, run_dir, keep_eval_models=cfg.eval.save_models)
         with progress(f"{label or cfg.method_name} rounds", cfg.train.rounds) as update:
-            results = InProcessRunner(cfg, run_dir).run(
-                resume=resume, on_round=lambda rec: update(rec["round"] + 1)
-            )
+            results = runner.run(resume=resume, on_round=lambda rec: update(rec["round"] + 1))
         write_run_outputs(run_dir, results)
         if cfg.eval.save_models:
-            _save_models(run_dir)
+            _save_models(run_dir, runner.eval_models)
     return results
 
 

@@ -78,7 +78,8 @@ class InMemoryLink:
     states live on disk instead (``state_root/<site>/<run uid>/``, the state before round 1
     and the newest ``keep`` rounds, :class:`~fedseg.engine.site_state.SiteStateStore`), read
     when the site trains or is evaluated: memory then holds none of them and the checkpoint
-    records only which round each site's file holds.
+    records only which round each site's file holds. With ``keep_eval_models`` each site's
+    last test-evaluation model is kept (:attr:`eval_models`), for export.
     """
 
     engine = "inprocess"
@@ -96,9 +97,11 @@ class InMemoryLink:
         precision: Precision | None = None,
         state_root: Path | None = None,
         keep: int = 2,
+        keep_eval_models: bool = False,
     ) -> None:
         self.spec, self.sites, self.regions = spec, dict(sites), dict(regions)
         self.state_root, self.keep = state_root, keep
+        self.keep_eval_models = keep_eval_models
         self.train_cfg, self.seed, self.device = train, seed, torch.device(device)
         self.eval_batch_size = eval_batch_size
         self.precision = precision or Precision()
@@ -133,6 +136,7 @@ class InMemoryLink:
                 eval_batch_size=self.eval_batch_size,
                 download=download,
             )
+            worker.kept = {} if self.keep_eval_models else None
             if disk:  # the state before round 1 on disk too: memory holds no state
                 store: SiteStateStore = worker.store  # type: ignore[assignment]
                 if worker.initial is not None and -1 not in store.rounds():
@@ -146,6 +150,12 @@ class InMemoryLink:
     @property
     def model(self) -> torch.nn.Module:
         return next(iter(self.workers.values())).model
+
+    @property
+    def eval_models(self) -> dict[str, torch.nn.Module]:
+        """With ``keep_eval_models``: the models each real site was last scored with on its
+        test split, CPU copies (empty when the sites ran in other processes)."""
+        return {site: m for w in self.workers.values() for site, m in (w.kept or {}).items()}
 
     def train(self, r: int, payloads: Mapping[str, Payload]) -> Iterator[tuple[str, TrainReply]]:
         """Sites train one after another; each reply is handed over before the next site

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from fedseg.backends import sim_settings
 from fedseg.config import RunConfig
@@ -38,10 +39,16 @@ class InProcessRunner:
     """Runs a :class:`RunConfig` to completion with every site in this process, writing
     everything into ``run_dir``."""
 
-    def __init__(self, cfg: RunConfig, run_dir: Path) -> None:
+    def __init__(self, cfg: RunConfig, run_dir: Path, keep_eval_models: bool = False) -> None:
+        """``keep_eval_models``: keep the models of the final evaluation
+        (:attr:`eval_models`; sites trained in this process only)."""
         self.cfg = cfg
         self.dir = RunDir(run_dir)
         self.device = resolve_device(cfg.engine.device)
+        self.keep_eval_models = keep_eval_models
+        self.eval_models: dict[str, nn.Module] = {}
+        """After :meth:`run` with ``keep_eval_models``: per site, a CPU copy of the model
+        the final evaluation scored (empty where sites ran in other processes)."""
         if cfg.engine.threads:
             torch.set_num_threads(cfg.engine.threads)
 
@@ -69,6 +76,9 @@ class InProcessRunner:
             workers=cfg.engine.workers,
             threads=cfg.engine.threads,
             precision=Precision(cfg.engine.amp, cfg.engine.channels_last),
+            keep_eval_models=self.keep_eval_models,
             **site_state_settings(cfg, self.dir.path),
         )
-        return Federation(cfg, link, self.dir.path, spec.site_names).run(resume, on_round)
+        results = Federation(cfg, link, self.dir.path, spec.site_names).run(resume, on_round)
+        self.eval_models = link.eval_models
+        return results

@@ -9,6 +9,7 @@ in every engine, in any process, after any resume.
 
 from __future__ import annotations
 
+import copy
 import weakref
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -161,6 +162,10 @@ class SiteWorker:
         """The state before round 1, taken from the initial model before any training (or
         ``initial``: the one another process took); None once released (a store that does
         not replay holds a newer one), so that memory holds one state per site."""
+        self.kept: dict[str, nn.Module] | None = None
+        """When a dict: each test evaluation keeps a CPU copy of the model it scored, by site
+        name, so that the run's final models can be exported without building them again
+        (a fine-tuning ``eval_model`` would repeat its fine-tuning)."""
 
     def _precision(self) -> AbstractContextManager[Precision]:
         return precision(self.precision.amp, self.precision.channels_last)
@@ -230,6 +235,8 @@ class SiteWorker:
             raise FedsegError(f"site {source.spec.name!r} has no {split} cases")
         data = scored
         model = self.eval_model(r, payload, data)
+        if self.kept is not None and split == "test":
+            self.kept[source.spec.name] = copy.deepcopy(model).cpu().eval()
         with self._precision(), seeded(derive_seed(self.seed, r, data.spec.index), self.device):
             ev = evaluate(
                 model,
