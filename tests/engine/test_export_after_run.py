@@ -16,7 +16,7 @@ from fedseg.metrics import MetricAccumulator
 from fedseg.run_cli import train
 
 
-def _config(root: Path, workers: int = 1):
+def _config(root: Path, engine: dict):
     return parse_config(
         {
             "name": "tiny-fedbabu",
@@ -28,14 +28,25 @@ def _config(root: Path, workers: int = 1):
             "method": {"name": "fedbabu", "ft_epochs": 1},
             "train": {"rounds": 2, "local_iters": 3, "batch_size": 4, "lr": 0.01},
             "eval": {"batch_size": 4, "every": 0, "save_models": True},
-            "engine": {"amp": "off", "workers": workers},
+            "engine": {"amp": "off", **engine},
         }
     )
 
 
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize(
+    ("engine", "per_site"),
+    [
+        # in one process the export reuses the evaluation's models: one fine-tuning a site
+        ({"workers": 1}, 1),
+        # with worker processes the evaluation fine-tunes there (not counted in this process)
+        # and the export builds the models again here, from the checkpoint
+        ({"workers": 2}, 1),
+        # with states on disk the models are not kept (memory stays free): built again
+        ({"workers": 1, "site_states": "disk"}, 2),
+    ],
+)
 def test_fine_tuning_runs_once_per_site_and_the_export_scores_what_the_run_scored(
-    tmp_path, monkeypatch, workers
+    tmp_path, monkeypatch, engine, per_site
 ):
     calls: list[int] = []
     real = fedbabu.fine_tune
@@ -46,13 +57,10 @@ def test_fine_tuning_runs_once_per_site_and_the_export_scores_what_the_run_score
 
     monkeypatch.setattr(fedbabu, "fine_tune", counted)
     run = tmp_path / "run"
-    train(_config(tmp_path / "data", workers), run, quiet=True)
+    train(_config(tmp_path / "data", engine), run, quiet=True)
     results = json.loads((run / "results.json").read_text())
     sites = sorted(results["sites"])
-    # in one process the export reuses the evaluation's models (it fine-tuned each site once);
-    # with worker processes the evaluation fine-tunes there (not counted in this process) and
-    # the export builds the models again here, from the checkpoint
-    assert len(calls) == len(sites)
+    assert len(calls) == per_site * len(sites)
     models = RunModels(run)
     for site in sites:
         data = models.sites[site]

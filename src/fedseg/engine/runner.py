@@ -41,7 +41,7 @@ class InProcessRunner:
 
     def __init__(self, cfg: RunConfig, run_dir: Path, keep_eval_models: bool = False) -> None:
         """``keep_eval_models``: keep the models of the final evaluation
-        (:attr:`eval_models`; sites trained in this process only)."""
+        (:attr:`eval_models`; sites trained in this process, states in memory)."""
         self.cfg = cfg
         self.dir = RunDir(run_dir)
         self.device = resolve_device(cfg.engine.device)
@@ -76,7 +76,8 @@ class InProcessRunner:
             workers=cfg.engine.workers,
             threads=cfg.engine.threads,
             precision=Precision(cfg.engine.amp, cfg.engine.channels_last),
-            keep_eval_models=self.keep_eval_models,
+            # with states on disk memory is kept free: the export builds the models again
+            keep_eval_models=self.keep_eval_models and cfg.engine.site_states == "memory",
             **site_state_settings(cfg, self.dir.path),
         )
         results = Federation(cfg, link, self.dir.path, spec.site_names).run(resume, on_round)
