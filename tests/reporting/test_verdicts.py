@@ -10,6 +10,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,25 @@ def test_a_row_better_on_every_case_holds_and_the_reversed_claim_is_contradicted
     # site averages (region means) of the two seeds differ by 1 point: sd 1/sqrt(2)
     assert s.n == 2 and s.sd == pytest.approx(1 / math.sqrt(2))
     assert s.high - s.mean == pytest.approx(12.7062047 * s.sd / math.sqrt(2))  # t(0.975, 1)
+
+
+def test_cells_average_the_sites_as_the_paper_does(tmp_path, toy_paper):
+    runs = {"ours": _row(tmp_path, "ours", [BASE, BASE]), "base": _row(tmp_path, "base", [BASE])}
+    for rr in runs.values():  # site B has more test cases: the weighted average is higher
+        for r in rr.results:
+            r["weighted_average"] = {"dsc": {"faz": 0.8, "rim": 0.6}}
+    sites = analyse(_table(_claim()), runs, ["dsc"]).summaries[("ours", "dsc")]
+    cases = analyse(_table(_claim()), runs, ["dsc"], average="cases").summaries[("ours", "dsc")]
+    assert sites.mean == pytest.approx(50 * statistics.fmean(BASE))  # (faz + rim 0) / 2
+    assert cases.mean == pytest.approx(70.0) and cases.sd == 0.0
+    raw, write = toy_paper
+    write(raw)
+    assert papers.load_paper("toy").average == "sites"  # the default: each site once
+    write({**raw, "average": "cases"})
+    assert papers.load_paper("toy").average == "cases"
+    write({**raw, "average": "patients"})
+    with pytest.raises(ConfigError, match=r"toy.yaml: average: expected sites or cases"):
+        papers.load_paper("toy")
 
 
 def test_distances_are_better_when_lower(tmp_path):

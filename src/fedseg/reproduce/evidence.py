@@ -81,6 +81,10 @@ def _machines_line(rep: Reproduction) -> str:
 
 
 DISTANCES = ("hd95", "hd", "assd")
+_AVERAGED = {
+    "sites": "sites",
+    "cases": "sites weighted by their test cases (as the paper averages)",
+}
 FINDINGS = ("holds", "contradicted", "unresolved")
 """Verdicts that read as findings; at a budget other than ``evidence`` or ``paper`` the page
 shows "<budget>: not evidence" instead (a smoke run proves only that the rows run)."""
@@ -262,8 +266,9 @@ def render_markdown(rep: Reproduction) -> str:
         *_changed_lines(rep),
         f"Budget `{rep.budget}` ({budget}); seeds per row: {_listed(seeds)}. "
         "Ours: synthetic federations, so the ordering of rows and the gaps between them are "
-        "what compares with the paper. A cell is the mean over seeds of the average over sites "
-        "and regions ± the sample sd over seeds; beside it the 95 % interval of the mean "
+        f"what compares with the paper. A cell is the mean over seeds of the average over "
+        f"{_AVERAGED[rep.paper.average]} and regions ± the sample sd over seeds; beside it the "
+        "95 % interval of the mean "
         f"(overlaps in %, distances in {rep.paper.distance_unit}).",
         "",
         *_rows_lines(rep),

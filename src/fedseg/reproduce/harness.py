@@ -380,7 +380,14 @@ def _write_pages(rep: Reproduction, command: str | None) -> None:
     """Analyse ``rep``'s finished rows and write its table to the output folder, and to the
     evidence folder (with the index) if it has one."""
     runs = {r.row.label: r.runs() for r in rep.rows}
-    rep.analysis = analyse(rep.table, runs, rep.paper.metrics, seeds=rep.seeds, inert=rep.inert())
+    rep.analysis = analyse(
+        rep.table,
+        runs,
+        rep.paper.metrics,
+        seeds=rep.seeds,
+        inert=rep.inert(),
+        average=rep.paper.average,
+    )
     write_table(rep, rep.out, command)
     if rep.evidence is not None:
         write_table(rep, rep.evidence, command)

@@ -10,7 +10,8 @@ choose the budget), its ``reference`` rows (every row is compared with them) and
 ``claims`` (docs/reproduce.md#claims), and its ``protocol`` sheet, ``changed`` date and
 ``mechanisms`` checks (:mod:`fedseg.reproduce.protocol`, docs/reproduce.md#protocol-sheets).
 A paper names the ``distance_unit`` its runs' distances are in (``px``, or ``mm`` where the
-synthetic volumes carry a voxel spacing).
+synthetic volumes carry a voxel spacing) and how its averages weigh the sites (``average``:
+``sites``, each site once, or ``cases``, each site by its test cases).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from fedseg.errors import ConfigError
 from fedseg.reproduce.protocol import Changed, Mechanism, ProtocolItem, parse_protocol
 
 __all__ = [
+    "AVERAGES",
     "PAPERS_DIR",
     "Claim",
     "EvidenceBudget",
@@ -38,6 +40,8 @@ __all__ = [
 ]
 
 PAPERS_DIR = Path(__file__).resolve().parent.parent / "papers"
+AVERAGES = {"sites": "average", "cases": "weighted_average"}
+"""A paper's ``average`` -> the key of a run's results.json that holds it."""
 """Where the papers' tables live (``fedseg/papers/<paper>.yaml``)."""
 
 
@@ -146,6 +150,9 @@ class Paper:
     evidence_budgets: dict[str, EvidenceBudget] = field(default_factory=dict)
     distance_unit: str = "px"
     """The unit of the runs' distance metrics (HD95, HD, ASSD): ``px`` or ``mm``."""
+    average: str = "sites"
+    """How a table cell averages the sites, as the paper does: ``sites`` (each site once) or
+    ``cases`` (each site weighted by its test cases: the runs' ``weighted_average``)."""
 
     def table(self, name: str) -> PaperTable:
         """The table ``name``; ConfigError listing the paper's tables otherwise."""
@@ -294,5 +301,8 @@ def load_paper(name: str) -> Paper:
     unit = raw.get("distance_unit", "px")
     if unit not in ("px", "mm"):
         raise ConfigError(f"{path}: distance_unit: expected px or mm, got {unit!r}")
+    average = raw.get("average", "sites")
+    if average not in AVERAGES:
+        raise ConfigError(f"{path}: average: expected sites or cases, got {average!r}")
     paper_budget = raw.get("paper_budget", {})
-    return Paper(name, raw["title"], metrics, paper_budget, tables, budgets, unit)
+    return Paper(name, raw["title"], metrics, paper_budget, tables, budgets, unit, average)

@@ -74,7 +74,9 @@ def authors_claims(rep: Reproduction) -> tuple[list[ClaimVerdict], dict[str, Row
     theirs = authors_runs(parity, runs, rep.evidence.parent)
     if not theirs:
         return [], {}
-    mixed = analyse(rep.table, {**runs, **theirs}, rep.paper.metrics, seeds=rep.seeds)
+    mixed = analyse(
+        rep.table, {**runs, **theirs}, rep.paper.metrics, seeds=rep.seeds, average=rep.paper.average
+    )
     return [v for v in mixed.claims if {*v.claim.rows, *v.claim.others} & set(theirs)], theirs
 
 

@@ -30,7 +30,7 @@ from fedseg.reporting.stats import (
     seed_mean,
     seed_summary,
 )
-from fedseg.reproduce.papers import Claim, PaperTable
+from fedseg.reproduce.papers import AVERAGES, Claim, PaperTable
 from fedseg.reproduce.protocol import NOT_TESTABLE
 
 __all__ = [
@@ -117,8 +117,8 @@ class TableAnalysis:
     """Per (row, metric): each test case's value, averaged over regions and seeds."""
 
 
-def _site_average(results: Mapping[str, Any], metric: str) -> float:
-    per_region = results["average"].get(metric) or {}
+def _site_average(results: Mapping[str, Any], metric: str, average: str) -> float:
+    per_region = results[AVERAGES[average]].get(metric) or {}
     values = [math.nan if v is None else float(v) for v in per_region.values()]
     scale = 100.0 if metric in HIGHER_IS_BETTER else 1.0
     return scale * sum(values) / len(values) if values else math.nan
@@ -162,6 +162,7 @@ def analyse(
     metrics: Sequence[str],
     seeds: int | None = None,
     inert: Mapping[str, str] | None = None,
+    average: str = "sites",
 ) -> TableAnalysis:
     """Statistics of one table from the rows' finished runs (rows without runs are skipped).
 
@@ -173,9 +174,10 @@ def analyse(
     contradict it (every pair must hold), else ``not run``, naming the rows it waits for and
     keeping the comparisons run so far (their Holm p counts the rest at p = 1). A claim on a
     row of ``inert`` (label -> the measurement that found its mechanism inert) is
-    ``not testable at this size``, whatever its comparisons give."""
+    ``not testable at this size``, whatever its comparisons give. A row's cells average the
+    sites as the paper does (``average``: :data:`~fedseg.reproduce.papers.AVERAGES`)."""
     summaries = {
-        (label, m): seed_summary([_site_average(r, m) for r in rr.results])
+        (label, m): seed_summary([_site_average(r, m, average) for r in rr.results])
         for label, rr in runs.items()
         for m in metrics
     }
