@@ -40,9 +40,9 @@ __all__ = [
 ]
 
 PAPERS_DIR = Path(__file__).resolve().parent.parent / "papers"
+"""Where the papers' tables live (``fedseg/papers/<paper>.yaml``)."""
 AVERAGES = {"sites": "average", "cases": "weighted_average"}
 """A paper's ``average`` -> the key of a run's results.json that holds it."""
-"""Where the papers' tables live (``fedseg/papers/<paper>.yaml``)."""
 
 
 @dataclass(frozen=True)
