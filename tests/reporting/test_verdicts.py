@@ -19,7 +19,7 @@ import yaml
 from fedseg.errors import ConfigError
 from fedseg.reporting.stats import holm, paired
 from fedseg.reproduce import papers, protocol
-from fedseg.reproduce.budget import Attempt, gain
+from fedseg.reproduce.budget import Attempt, gain, next_rounds
 from fedseg.reproduce.evidence import render_markdown, write_index
 from fedseg.reproduce.harness import reproduce
 from fedseg.reproduce.papers import Claim, PaperRow, PaperTable
@@ -260,6 +260,15 @@ def test_the_evidence_budget_rule():
     assert not a.converged()  # every control row must pass
     zero = [(2, 0.0), (4, 0.0), (6, 0.0), (8, 0.0)]
     assert not Attempt(8, {"FedAvg": [zero, zero]}).converged()  # not started is not converged
+
+
+def test_an_unconverged_budget_doubles_until_the_cap_and_stops_short_of_a_near_copy():
+    assert next_rounds(30, 200) == 60  # doubled
+    assert next_rounds(30, 57) == 57  # the most that fits
+    assert next_rounds(60, 62) is None  # 2 more rounds: a near copy, 62 the budget unrun
+    assert next_rounds(60, 75) == 75  # a quarter more is a new attempt
+    assert next_rounds(60, 40) is None
+    assert next_rounds(1, 2) == 2
 
 
 PAPER = """
@@ -515,6 +524,14 @@ def test_a_measured_budget_is_recorded_in_the_paper_file(tmp_path):
     assert "Left out" not in cal.report()
     cal.left_out = {"C": "4 tokens per branch (< 8)"}  # a row inert by its config: not probed
     assert "\n- C: 4 tokens per branch (< 8)\n" in cal.report()
+    rising = [(6, 30.0), (8, 35.0)]  # unconverged, and the cap binds 2 rounds past it
+    cal = Calibration("toy", table, {"A": 1.0}, [Attempt(8, {"A": [rising]}, {"A": 1.0})], tmp_path)
+    cal.done, cal.capped_at = True, 9
+    cal.record(paper)
+    entry = yaml.safe_load(paper.read_text())["evidence_budget"]["toyfed"]
+    assert entry["set"] == {"train.rounds": 9} and entry["status"] == "capped"
+    assert entry["gains"] == {"8": {"A": 5.0}}  # measured at the attempt, not at 9
+    assert "`train.rounds: 9` (capped) (the most rounds that fit, 1 past" in cal.report()
 
 
 def test_calibration_probes_the_cost_of_every_row_once(tmp_path, monkeypatch):

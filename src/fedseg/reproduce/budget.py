@@ -9,9 +9,11 @@ evaluation at or before round ``0.75 R`` to round ``R``, averaged over the seeds
 The first ``R`` where every control row passes is the budget (``converged``). When doubling
 would exceed :data:`TABLE_HOURS` for the federation's largest table on :data:`CORES` cores
 (estimated from its rows' CPU seconds per round), the largest ``R`` that fits is taken
-instead (``capped``); the estimate uses each row's own CPU seconds per round, measured by a
-:data:`PROBE_ROUNDS`-round probe of every row of that table (a row's cost only: its numbers are
-never read). Only the control rows' curves decide the budget: never a method under test.
+instead (``capped``); where that ``R`` adds less than a quarter to the last attempt's (the
+window the rule reads), it is the budget without an attempt of its own; the estimate uses
+each row's own CPU seconds per round, measured by a :data:`PROBE_ROUNDS`-round probe of every
+row of that table (a row's cost only: its numbers are never read). Only the control rows'
+curves decide the budget: never a method under test.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ __all__ = [
     "calibrate",
     "gain",
     "inert_rows",
+    "next_rounds",
     "probe_costs",
 ]
 
@@ -130,6 +133,14 @@ class Calibration:
     their mechanism inert at this size, so they do not run here (label -> the measurement)."""
     done: bool = False
     """Whether the search has ended (no larger attempt follows)."""
+    capped_at: int | None = None
+    """The budget's rounds where the cap binds a little past the last attempt: the most that
+    fit, not run (an attempt at them would nearly copy the last one)."""
+
+    @property
+    def rounds(self) -> int:
+        """The budget: the last attempt's rounds, or :attr:`capped_at`."""
+        return self.capped_at or self.attempts[-1].rounds
 
     @property
     def status(self) -> str:
@@ -145,10 +156,9 @@ class Calibration:
 
     def snippet(self) -> dict[str, Any]:
         """The ``evidence_budget`` entry of the paper file."""
-        last = self.attempts[-1]
         return {
             self.table.federation: {
-                "set": {**self.fixed, "train.rounds": last.rounds},
+                "set": {**self.fixed, "train.rounds": self.rounds},
                 "status": self.status,
                 "rule": RULE,
                 "controls": list(self.table.controls),
@@ -161,7 +171,7 @@ class Calibration:
                     str(a.rounds): {k: round(v, 2) for k, v in a.finals().items()}
                     for a in self.attempts
                 },
-                "table_hours": round(self.table_hours(last.rounds), 1),
+                "table_hours": round(self.table_hours(self.rounds), 1),
                 "curve": f"docs/evidence/budgets/{self.folder.name}/curve.csv",
             }
         }
@@ -194,12 +204,17 @@ class Calibration:
                 + " | ".join(f"{g[r]:.2f} / {f[r]:.2f}" for r in self.table.controls)
                 + f" | {cpu:.1f} | {'yes' if a.converged() else 'no'} |"
             )
-        last = self.attempts[-1]
         left_out = [f"- {row}: {why}" for row, why in self.left_out.items()]
+        beyond = (
+            f" (the most rounds that fit, {self.capped_at - self.attempts[-1].rounds} past the "
+            "last attempt: less than a quarter more, so not run as an attempt of their own)"
+            if self.capped_at
+            else ""
+        )
         lines += [
             "",
-            f"Budget: `train.rounds: {last.rounds}` ({self.status}); estimated "
-            f"{self.table_hours(last.rounds):.1f} h for the largest table of this federation "
+            f"Budget: `train.rounds: {self.rounds}` ({self.status}){beyond}; estimated "
+            f"{self.table_hours(self.rounds):.1f} h for the largest table of this federation "
             f"({len(self.row_cpu)} rows, {SEEDS_PER_TABLE} seeds, {CORES} cores), from each "
             f"row's CPU seconds per round (a {PROBE_ROUNDS}-round probe):",
             "",
@@ -280,6 +295,15 @@ def _plot(cal: Calibration, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def next_rounds(rounds: int, fits: int) -> int | None:
+    """The attempt after an unconverged one at ``rounds``: doubled, or the most rounds that fit
+    the time cap (``fits``); ``None`` where that adds less than a quarter of ``rounds``, the
+    window the rule reads (an attempt nearly copying the last measures nothing new; the cap,
+    ``fits`` where more than ``rounds``, is then the budget)."""
+    step = min(2 * rounds, fits)
+    return step if step >= rounds + max(1, rounds // 4) else None
 
 
 def fixed_overrides(items: Sequence[str]) -> dict[str, Any]:
@@ -393,9 +417,11 @@ def calibrate(
         if attempt.converged():
             break
         fits = int(TABLE_HOURS / cal.table_hours(1))
-        if fits <= rounds:
+        step = next_rounds(rounds, fits)
+        if step is None:
+            cal.capped_at = fits if fits > rounds else None
             break
-        rounds = min(2 * rounds, fits)
+        rounds = step
     cal.done = True
     cal.write()
     cal.record(PAPERS_DIR / f"{paper}.yaml")
