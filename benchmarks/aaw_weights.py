@@ -16,10 +16,11 @@ of the pancreas tables quote it, e.g.::
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
+
+from fedseg.reporting.runs import read_rounds
 
 
 def server_rounds(run_dir: Path) -> list[dict]:
@@ -29,8 +30,7 @@ def server_rounds(run_dir: Path) -> list[dict]:
     if not path.is_file():
         raise SystemExit(f"{run_dir}: no rounds.jsonl (expected a finished fedseg run)")
     out = []
-    for line in path.read_text().splitlines():
-        record = json.loads(line)
+    for record in read_rounds(run_dir):
         server = record.get("server") or {}
         if server.get("aaw_gaps"):
             out.append({"r": record["round"], "w": server["aaw_weights"], "g": server["aaw_gaps"]})
