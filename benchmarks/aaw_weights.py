@@ -1,4 +1,5 @@
-"""Where adaptive aggregation weights put the weight: a summary of kept FedAvg+AAW runs.
+"""Where adaptive aggregation weights put the weight: a summary of kept AAW runs (FedAvg+AAW,
+FedProx+AAW).
 
 Usage:
     python benchmarks/aaw_weights.py RUN_DIR [RUN_DIR ...] [--block 14] [--zero 0.001]
@@ -35,7 +36,7 @@ def server_rounds(run_dir: Path) -> list[dict]:
         if server.get("aaw_gaps"):
             out.append({"r": record["round"], "w": server["aaw_weights"], "g": server["aaw_gaps"]})
     if not out:
-        raise SystemExit(f"{path}: no round records aaw_gaps (not a FedAvg+AAW run)")
+        raise SystemExit(f"{path}: no round records aaw_gaps (not an AAW run)")
     return out
 
 
